@@ -1,0 +1,238 @@
+"""Extract the target's hidden states into shards the speculators trainer reads.
+
+Layout: `hidden_states/shard_{k}/hs_{i}.safetensors`, one file per row `i` of
+`tokenized_data.jsonl` (global row index), each holding `hidden_states [seq, 4, H]` (the three
+auxiliary layers, then the input of the final norm) and `token_ids [seq]` int64: the exact file
+format of speculators' `FileTransfer`. Shard `k` of `K` holds one contiguous slice of rows, so
+the training stage only has to link the shards' files into one folder.
+
+Two backends write identical files: vLLM (the `extract_hidden_states` speculative method and
+the hidden-states KV connector) and a transformers fallback for targets vLLM cannot serve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from eaglenest.errors import EaglenestError
+from eaglenest.io import atomic_path, iter_jsonl
+from eaglenest.server import SERVED_NAME, Server, ServerSpec, check_alive
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's usual choice: an early, a middle and a late layer."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[int]:
+    ids = list(configured) if configured else default_aux_layer_ids(num_layers)
+    if len(ids) != 3:
+        raise EaglenestError(f"aux_layer_ids must name 3 layers, got {ids}", source)
+    if len(set(ids)) != len(ids):
+        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} "
+                             f"layers)", source)
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}",
+                             source)
+    return ids
+
+
+def shard_bounds(num_rows: int, num_shards: int, k: int) -> tuple[int, int]:
+    """Rows [start, stop) of shard k: contiguous, sizes differing by at most one."""
+    return k * num_rows // num_shards, (k + 1) * num_rows // num_shards
+
+
+def vllm_extraction_spec(target: str, aux_layer_ids: list[int], num_layers: int, spool_dir,
+                         base_args: tuple[str, ...], env: tuple, cpu: bool) -> ServerSpec:
+    """The vLLM server that writes hidden states of the aux layers plus the last one."""
+    spec_cfg = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {
+            "eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}},
+    }
+    kv_cfg = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(Path(spool_dir).resolve())},
+    }
+    if cpu:
+        kv_cfg["kv_connector"] = "CpuHiddenStatesConnector"
+        kv_cfg["kv_connector_module_path"] = "eaglenest.cpu_connector"
+    args = (*base_args, "--speculative-config", json.dumps(spec_cfg),
+            "--kv-transfer-config", json.dumps(kv_cfg))
+    return ServerSpec(model=target, args=args, env=env)
+
+
+def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: str) -> None:
+    hs, tok = data.get("hidden_states"), data.get("token_ids")
+    if hs is None or tok is None:
+        raise EaglenestError("hidden-state file lacks hidden_states or token_ids", where)
+    if tok.tolist() != input_ids:
+        raise EaglenestError("token_ids differ from the tokenized row", where)
+    if tuple(hs.shape) != (len(input_ids), 4, hidden_size):
+        raise EaglenestError(f"hidden_states shape {tuple(hs.shape)}, expected "
+                             f"({len(input_ids)}, 4, {hidden_size})", where)
+    if not torch.isfinite(hs.float()).all():
+        raise EaglenestError("hidden_states contain NaN or Inf", where)
+
+
+def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"hidden_states": hidden.to(DTYPES[dtype]).contiguous(),
+               "token_ids": token_ids.to(torch.int64).contiguous()}, str(path))
+
+
+def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
+    rows = []
+    for i, row in enumerate(iter_jsonl(tokenized_path)):
+        if i >= stop:
+            break
+        if i >= start:
+            rows.append((i, row))
+    return rows
+
+
+def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, shard: int, num_shards: int,
+                       hidden_size: int, dtype: str, meta: dict, concurrency: int = 4,
+                       request_timeout_s: float = 600.0) -> dict:
+    """Write shard `shard` of `num_shards` through a running extraction server."""
+    import openai
+    from speculators.data_generation.vllm_client import generate_hidden_states
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+
+    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
+    start, stop = shard_bounds(num_rows, num_shards, shard)
+    rows = read_rows(tokenized_path, start, stop)
+    client = openai.OpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=2,
+                           timeout=request_timeout_s)
+    t0 = time.monotonic()
+
+    def one(item, tmp: Path):
+        i, row = item
+        ids = row["input_ids"]
+        _handle, params = generate_hidden_states(client, SERVED_NAME, {"input_ids": ids},
+                                                 timeout=request_timeout_s)
+        path = params["hidden_states_path"]
+        data = load_hidden_states(path)
+        validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
+        _save(tmp / f"hs_{i}.safetensors", data["hidden_states"], data["token_ids"], dtype)
+        cleanup_hidden_states(path)
+        return len(ids)
+
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        try:
+            with ThreadPoolExecutor(concurrency) as pool:
+                tokens = sum(pool.map(lambda it: one(it, tmp), rows))
+        except openai.APIError:
+            check_alive(server)
+            raise
+        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta,
+                                time.monotonic() - t0)
+    return stats
+
+
+def _write_manifest(tmp: Path, start, stop, tokens, hidden_size, dtype, meta, seconds) -> dict:
+    stats = {"rows": [start, stop], "samples": stop - start, "tokens": tokens,
+             "hidden_size": hidden_size, "dtype": dtype,
+             "bytes": tokens * 4 * hidden_size * DTYPE_BYTES[dtype], "seconds": round(seconds, 3),
+             "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None, **meta}
+    (tmp / "manifest.json").write_text(json.dumps(stats, indent=2) + "\n")
+    log.info("shard rows %d..%d: %d tokens in %.1f s", start, stop, tokens, seconds)
+    return stats
+
+
+def extract_shard_transformers(target: str, tokenized_path, out_dir, *, shard: int,
+                               num_shards: int, aux_layer_ids: list[int], dtype: str, meta: dict,
+                               trust_remote_code: bool = False) -> dict:
+    """The fallback backend: same files, computed with transformers on the local device.
+
+    Slot 3 is the input of the final norm (the last decoder layer's output), as vLLM writes it,
+    not transformers' `hidden_states[-1]` (which is after the norm); a hook captures it.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, torch_dtype=torch.float32,
+                                                 trust_remote_code=trust_remote_code).eval()
+    hidden_size = model.config.hidden_size
+    captured = {}
+    model.model.norm.register_forward_hook(
+        lambda _m, inputs, _out: captured.__setitem__("pre_norm", inputs[0]))
+    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
+    start, stop = shard_bounds(num_rows, num_shards, shard)
+    t0 = time.monotonic()
+    tokens = 0
+    with atomic_path(out_dir, is_dir=True) as tmp, torch.inference_mode():
+        for i, row in read_rows(tokenized_path, start, stop):
+            ids = torch.tensor([row["input_ids"]])
+            out = model(ids, output_hidden_states=True)
+            layers = [out.hidden_states[j][0] for j in aux_layer_ids] + [captured["pre_norm"][0]]
+            hidden = torch.stack(layers, dim=1)
+            validate_sample({"hidden_states": hidden, "token_ids": ids[0]}, row["input_ids"],
+                            hidden_size, f"{tokenized_path} row {i}")
+            _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype)
+            tokens += ids.shape[1]
+        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta,
+                                time.monotonic() - t0)
+    return stats
+
+
+def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
+    """Assemble the folder speculators' trainer reads: a `save_to_disk` dataset of the rows and
+    `hidden_states/hs_{i}.safetensors` linking into the shards (no copy of the big files)."""
+    from datasets import Dataset
+
+    data_dir = Path(data_dir)
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    rows = list(iter_jsonl(tokenized_path))
+    hs_dir = data_dir / "hidden_states"
+    hs_dir.mkdir(parents=True)
+    linked = 0
+    for shard in shard_dirs:
+        for f in Path(shard).glob("hs_*.safetensors"):
+            (hs_dir / f.name).symlink_to(f.resolve())
+            linked += 1
+    if linked != len(rows):
+        raise EaglenestError(f"shards hold {linked} samples but {tokenized_path} has {len(rows)} "
+                             f"rows", shard_dirs[0] if shard_dirs else None)
+    Dataset.from_dict({
+        "input_ids": [r["input_ids"] for r in rows],
+        "loss_mask": [r["loss_mask"] for r in rows],
+        "seq_len": [len(r["input_ids"]) for r in rows],
+    }).with_format("torch").save_to_disk(str(data_dir))
+    return data_dir
+
+
+def estimate_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
+    """Bytes the shards will take: every token stores 4 x hidden_size values."""
+    return num_tokens * 4 * hidden_size * DTYPE_BYTES[dtype]
+
+
+def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
+    out_dir = Path(out_dir)
+    probe = out_dir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed + margin_bytes:
+        raise EaglenestError(
+            f"not enough disk for hidden states: need {needed / 1e9:.2f} GB + "
+            f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free", out_dir)

@@ -1,0 +1,146 @@
+"""Regenerate responses with the target itself, so the draft learns what the target says.
+
+Each prompt goes to the target's vLLM server (OpenAI chat API) with bounded concurrency. Every
+finished response is appended at once to a progress file kept outside Snakemake's outputs
+(Snakemake deletes a job's outputs before rerunning it), keyed by the sampling spec: a rerun
+after a crash sends only the prompts not yet answered. When all are answered the progress is
+written to `raw_responses.jsonl` in prompt order, atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+from eaglenest.io import iter_jsonl, write_jsonl
+from eaglenest.server import SERVED_NAME, Server, check_alive
+
+log = logging.getLogger(__name__)
+
+
+def progress_path(run_dir, model: str, sampling: dict) -> Path:
+    spec = json.dumps({"model": model, "sampling": sampling}, sort_keys=True)
+    key = hashlib.sha256(spec.encode()).hexdigest()[:12]
+    return Path(run_dir) / ".eaglenest" / "regenerate" / f"progress-{key}.jsonl"
+
+
+def load_progress(path: Path) -> dict[str, dict]:
+    """Answered ids from an earlier, interrupted run (failed ones are retried)."""
+    done: dict[str, dict] = {}
+    if not path.exists():
+        return done
+    with open(path) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut by a kill: everything before it is intact
+            if "error" not in row:
+                done[row["id"]] = row
+    return done
+
+
+class Progress:
+    """Rate and ETA lines for the rule's log."""
+
+    def __init__(self, total: int, every_s: float = 5.0):
+        self.total, self.done, self.every_s = total, 0, every_s
+        self.t0 = self.last = time.monotonic()
+
+    def step(self, force: bool = False) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if force or now - self.last >= self.every_s or self.done == self.total:
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate else float("inf")
+            bar = "#" * int(20 * self.done / max(self.total, 1))
+            log.info("[%-20s] %d/%d responses, %.2f/s, ETA %.0f s", bar, self.done,
+                     self.total, rate, eta)
+
+
+async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server: Server) -> dict:
+    import openai
+
+    delay = 1.0
+    for attempt in range(max_retries + 1):
+        try:
+            res = await client.chat.completions.create(
+                model=SERVED_NAME, messages=prompt["messages"], **sampling)
+            msg = res.choices[0].message
+            extra = msg.model_extra or {}
+            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+            reply = {"role": "assistant", "content": msg.content or ""}
+            if reasoning:
+                reply["reasoning_content"] = reasoning
+            return {"id": prompt["id"], "messages": [*prompt["messages"], reply],
+                    "finish_reason": res.choices[0].finish_reason}
+        except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
+            check_alive(server)  # a dead server is not worth retrying
+            if attempt == max_retries:
+                return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
+            log.warning("prompt %s: attempt %d failed (%s); retrying in %.0f s",
+                        prompt["id"], attempt + 1, e, delay)
+            await asyncio.sleep(delay * (1 + random.random() * 0.1))
+            delay = min(delay * 2, 60)
+    raise AssertionError("unreachable")
+
+
+async def _regenerate(server: Server, todo: list[dict], sampling: dict, concurrency: int,
+                      max_retries: int, timeout_s: float, progress_file: Path) -> None:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=0,
+                                timeout=timeout_s)
+    sem = asyncio.Semaphore(concurrency)
+    bar = Progress(len(todo))
+
+    async def one(prompt):
+        async with sem:
+            return await _answer(client, prompt, sampling, max_retries, server)
+
+    with open(progress_file, "a") as out:
+        for fut in asyncio.as_completed([one(p) for p in todo]):
+            row = await fut
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+            out.flush()
+            bar.step()
+    await client.close()
+
+
+def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, sampling: dict,
+                         concurrency: int = 8, max_retries: int = 3,
+                         request_timeout_s: float = 600.0) -> dict:
+    """Answer every prompt in `prompts_path` through `server`; write `out_path`. Returns counts."""
+    prompts = list(iter_jsonl(prompts_path))
+    pfile = progress_path(run_dir, server.key, sampling)
+    pfile.parent.mkdir(parents=True, exist_ok=True)
+    done = load_progress(pfile)
+    todo = [p for p in prompts if p["id"] not in done]
+    log.info("%d prompts, %d already answered in %s, %d to send", len(prompts),
+             len(prompts) - len(todo), pfile, len(todo))
+    if todo:
+        asyncio.run(_regenerate(server, todo, sampling, concurrency, max_retries,
+                                request_timeout_s, pfile))
+    # The last record of an id wins: an error followed by a later success is a success.
+    final: dict[str, dict] = {}
+    with open(pfile) as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row["id"] not in final or "error" in final[row["id"]]:
+                final[row["id"]] = row
+    rows = [final[p["id"]] for p in prompts]
+    write_jsonl(out_path, rows)
+    failed = sum("error" in r for r in rows)
+    counts = {"prompts": len(prompts), "sent": len(todo), "resumed": len(prompts) - len(todo),
+              "answered": len(rows) - failed, "failed": failed}
+    log.info("regeneration done: %s", counts)
+    return counts

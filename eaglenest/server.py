@@ -1,0 +1,308 @@
+"""The vLLM server that GPU rules share: started once, reused while its configuration matches.
+
+Why a lease: regeneration, every extraction shard and evaluation each run as their own Snakemake
+job. Starting vLLM per job costs minutes on a large target, and Snakemake's `service()` jobs make
+every consumer rerun when the server restarts. So each GPU job *acquires* the server: a running
+server whose spec (model and flags) matches is reused; otherwise the old one is stopped and a new
+one started. The Snakefile's `onsuccess`/`onerror` handlers release it. The lease is a small
+JSON file in the run folder, guarded by a file lock, and is only honoured on the same host.
+
+The server is started detached under a supervisor process that stops it when the workflow's main
+process (EAGLENEST_WORKFLOW_PID) disappears, so even a `kill -9` of Snakemake leaves no server.
+On SLURM every job is its own allocation: there the server is per job (started and stopped
+inside it), which `reuse=False` selects and `SLURM_JOB_ID` implies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from eaglenest.errors import EaglenestError
+
+log = logging.getLogger(__name__)
+
+WORKFLOW_PID_ENV = "EAGLENEST_WORKFLOW_PID"
+SERVED_NAME = "target"
+
+
+class ServerError(EaglenestError):
+    """The vLLM server did not start, died, or timed out; the message carries its log tail."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What makes two servers interchangeable: the model and every flag and variable."""
+
+    model: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    def key(self) -> str:
+        blob = json.dumps([self.model, list(self.args), list(self.env)], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Server:
+    pid: int
+    port: int
+    key: str
+    log_path: str
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def alive(self) -> bool:
+        return _pid_alive(self.pid)
+
+    def healthy(self) -> bool:
+        return self.alive() and _http_ok(f"{self.base_url}/health")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
+
+
+def log_tail(path, lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no server log)"
+    return "\n".join(text[-lines:])
+
+
+def engine_env(run_dir) -> dict[str, str]:
+    """Variables that keep vLLM's sockets, caches and temp files inside the run's own folder."""
+    root = Path(run_dir).resolve() / ".eaglenest"
+    dirs = {
+        "TMPDIR": root / "tmp",
+        "VLLM_RPC_BASE_PATH": root / "tmp",
+        "VLLM_CACHE_ROOT": root / "cache" / "vllm",
+        "XDG_CACHE_HOME": root / "cache",
+        "TRITON_CACHE_DIR": root / "cache" / "triton",
+        "TORCHINDUCTOR_CACHE_DIR": root / "cache" / "inductor",
+    }
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    env = {k: str(v) for k, v in dirs.items()}
+    # HF_HOME stays the user's unless unset: production targets live in the user's hub cache.
+    env.setdefault("HF_HOME", os.environ.get("HF_HOME", str(root / "cache" / "huggingface")))
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); look at its state.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def stop_pid(pid: int, grace_s: float = 30.0) -> None:
+    """SIGTERM the process (and its process group, which it leads), then SIGKILL after grace."""
+    if not _pid_alive(pid):
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not _pid_alive(pid):
+                return
+            time.sleep(0.2)
+
+
+def server_command(spec: ServerSpec, port: int) -> list[str]:
+    # `python -m` rather than the `vllm` CLI: the CPU repackaging has no `vllm` distribution
+    # metadata, which the CLI needs.
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model, "--served-model-name", SERVED_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        *spec.args,
+    ]
+
+
+def start(spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None,
+          timeout_s: float = 900.0) -> Server:
+    """Start a server detached (own session) and wait until it is healthy."""
+    port = free_port()
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **engine_env(run_dir), **dict(spec.env)}
+    cmd = server_command(spec, port)
+    if watch_pid:
+        cmd = [sys.executable, "-m", "eaglenest.supervise", str(watch_pid), "--", *cmd]
+    with open(log_path, "ab") as logf:
+        logf.write(f"\n$ {' '.join(cmd)}\n".encode())
+        logf.flush()
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = Server(pid=proc.pid, port=port, key=spec.key(), log_path=str(log_path))
+    log.info("vLLM server starting: pid %d, port %d, log %s", proc.pid, port, log_path)
+    t0 = time.monotonic()
+    try:
+        wait_healthy(server, timeout_s)
+    except BaseException:
+        stop_pid(server.pid)
+        raise
+    log.info("vLLM server healthy after %.1f s", time.monotonic() - t0)
+    return server
+
+
+def wait_healthy(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise ServerError(f"vLLM server exited during start-up. Last lines of its log:\n"
+                              f"{server.log_tail()}", server.log_path)
+        if _http_ok(f"{server.base_url}/health") and _http_ok(f"{server.api_url}/models"):
+            return
+        time.sleep(1.0)
+    raise ServerError(f"vLLM server not healthy after {timeout_s:.0f} s. Last lines of its log:"
+                      f"\n{server.log_tail()}", server.log_path)
+
+
+class Lease:
+    """The run's one shared server, recorded in `<run_dir>/.eaglenest/server/lease.json`."""
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / ".eaglenest" / "server"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "lease.json"
+
+    @contextlib.contextmanager
+    def _locked(self):
+        with open(self.dir / "lease.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def current(self) -> Server | None:
+        if not self.path.exists():
+            return None
+        try:
+            server = Server(**json.loads(self.path.read_text()))
+        except (ValueError, TypeError):
+            return None
+        return server if server.host == socket.gethostname() else None
+
+    def _record(self, server: Server | None) -> None:
+        if server is None:
+            self.path.unlink(missing_ok=True)
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(server)))
+        os.replace(tmp, self.path)
+        with open(self.dir / "starts.log", "a") as f:
+            f.write(json.dumps({"time": time.time(), **asdict(server)}) + "\n")
+
+    def acquire(self, spec: ServerSpec, *, timeout_s: float = 900.0) -> Server:
+        """A healthy server for `spec`: the running one if it matches, else a fresh one."""
+        with self._locked():
+            server = self.current()
+            if server and server.key == spec.key() and server.healthy():
+                log.info("reusing vLLM server pid %d on port %d", server.pid, server.port)
+                return server
+            if server:
+                log.info("replacing vLLM server pid %d (spec changed or unhealthy)", server.pid)
+                stop_pid(server.pid)
+                self._record(None)
+            watch = os.environ.get(WORKFLOW_PID_ENV)
+            server = start(spec, self.run_dir, self.dir / f"server-{spec.key()}.log",
+                           watch_pid=int(watch) if watch else None, timeout_s=timeout_s)
+            self._record(server)
+            return server
+
+    def release(self) -> None:
+        """Stop the leased server by its PID (the workflow's onsuccess/onerror call this)."""
+        with self._locked():
+            server = self.current()
+            if server:
+                log.info("stopping vLLM server pid %d", server.pid)
+                stop_pid(server.pid)
+            self._record(None)
+
+    def count_starts(self) -> int:
+        path = self.dir / "starts.log"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def per_job_servers() -> bool:
+    """On a cluster every job is its own allocation, so a server cannot outlive its job."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+@contextlib.contextmanager
+def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float = 900.0):
+    """Yield a healthy server for `spec`; a per-job server is stopped on exit, a leased one kept."""
+    if reuse and not per_job_servers():
+        server = Lease(run_dir).acquire(spec, timeout_s=timeout_s)
+        try:
+            yield server
+        except BaseException:
+            # A failing job may have broken the server; the next job must not inherit it.
+            if not server.healthy():
+                Lease(run_dir).release()
+            raise
+        return
+    lease_dir = Path(run_dir) / ".eaglenest" / "server"
+    server = start(spec, run_dir, lease_dir / f"server-job-{os.getpid()}.log", timeout_s=timeout_s)
+    try:
+        yield server
+    finally:
+        stop_pid(server.pid)
+
+
+def check_alive(server: Server) -> None:
+    """Raise with the log tail if the server died under us (called between requests)."""
+    if not server.alive():
+        raise ServerError(f"vLLM server (pid {server.pid}) died. Last lines of its log:\n"
+                          f"{server.log_tail()}", server.log_path)

@@ -1,0 +1,128 @@
+"""A tiny Llama target built locally, so the default run needs no download.
+
+The embedded default trains a draft for this model end to end on a CPU. It is a real
+`LlamaForCausalLM` with a real byte-level BPE tokenizer trained on the bundled prompts and a
+ChatML chat template with thinking markers, so vLLM serves it and the template, loss-mask and
+vocabulary stages work on it exactly as on a production target. Its weights are random (seeded):
+what the draft must learn is the target's own behaviour, whatever that is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from eaglenest.errors import EaglenestError
+from eaglenest.io import atomic_path, iter_jsonl
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+# ChatML with a Qwen3-style thinking block: reasoning of an assistant turn is rendered inside
+# <think>...</think> before its answer, the way serving renders it.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' and message.get('reasoning_content') %}"
+    "<think>\n{{ message['reasoning_content'] }}\n</think>\n\n"
+    "{% endif %}"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def corpus_from_prompts(paths) -> list[str]:
+    """The texts of every message in the given prompt files (JSONL, any accepted schema)."""
+    texts: list[str] = []
+    for path in paths:
+        for row in iter_jsonl(path):
+            for m in row.get("messages") or row.get("conversations") or []:
+                text = m.get("content", m.get("value"))
+                if isinstance(text, str):
+                    texts.append(text)
+            if isinstance(row.get("prompt"), str):
+                texts.append(row["prompt"])
+    if not texts:
+        raise EaglenestError("no text to train the tiny tokenizer on", paths[0] if paths else None)
+    return texts
+
+
+def build_tokenizer(texts: list[str], vocab_size: int):
+    """Train a byte-level BPE tokenizer and wrap it as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_target(
+    out_dir,
+    prompt_files,
+    *,
+    num_layers: int = 8,
+    hidden_size: int = 128,
+    intermediate_size: int = 384,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    vocab_size: int = 2048,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+) -> Path:
+    """Write a servable tiny Llama (config, weights, tokenizer, template) into `out_dir`."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    if num_layers < 8:
+        # The default aux layers [2, n//2, n-3] collide below 8 layers.
+        raise EaglenestError(f"num_layers must be at least 8, got {num_layers}")
+    tokenizer = build_tokenizer(corpus_from_prompts(list(prompt_files)), vocab_size)
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        tmp.chmod(0o755)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(tmp)
+        (tmp / "eaglenest_target.json").write_text(
+            json.dumps({"built_by": "eaglenest.tiny_target", "seed": seed}, indent=2) + "\n"
+        )
+    log.info("tiny target: %d layers, hidden %d, vocab %d -> %s", num_layers, hidden_size,
+             vocab_size, out_dir)
+    return Path(out_dir)
