@@ -158,3 +158,96 @@ def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
 
 def load_eval_prompts(path) -> list[dict]:
     return [{"id": r["id"], "messages": r["messages"]} for r in iter_jsonl(path)]
+
+
+def plot_per_position(results: dict, out_png) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglenest.io import atomic_path
+
+    methods = [m for m in results if results[m].get("per_position_acceptance")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(methods), 1)
+    for j, m in enumerate(methods):
+        acc = results[m]["per_position_acceptance"]
+        ax.bar([i + j * width for i in range(len(acc))], acc, width, label=m)
+    ax.set(xlabel="speculative position", ylabel="acceptance", ylim=(0, 1),
+           title="Per-position acceptance")
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def write_table(results: dict, out_csv) -> None:
+    import pandas as pd
+
+    from eaglenest.io import atomic_path
+
+    cols = ["mean_acceptance_length", "acceptance_rate", "output_tokens_per_s", "lossless"]
+    df = pd.DataFrame([{"method": m, **{c: r.get(c) for c in cols}} for m, r in results.items()])
+    with atomic_path(out_csv) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def evaluate_stage(*, run_dir, target: str, draft_dir, prompts_path, metadata_path,
+                   server_cfg: dict, k: int, max_tokens: int, concurrency: int, ngram: dict,
+                   out_json, out_csv, out_png) -> dict:
+    """The `evaluate_acceptance` rule: the four methods, one server each, same prompts."""
+    from eaglenest.errors import EaglenestError
+    from eaglenest.io import read_json, write_json
+    from eaglenest.server import serving
+
+    meta = read_json(metadata_path)
+    check_template(target, meta.get("chat_template_hash"), metadata_path)
+    prompts = load_eval_prompts(prompts_path)
+    if not prompts:
+        raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
+    untrained = make_untrained_draft(
+        draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft")
+    drafts = {"draft": draft_dir, "untrained_draft": untrained}
+    base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
+    results: dict = {}
+    reference: list[dict] = []
+    for method in METHODS:
+        spec = method_spec(method, target, base, env, k=k, draft_dir=drafts.get(method),
+                           ngram=ngram)
+        with serving(spec, run_dir, reuse=server_cfg["reuse"],
+                     timeout_s=server_cfg["startup_timeout_s"]) as server:
+            result, outs = evaluate_method(server, prompts, k=k, max_tokens=max_tokens,
+                                           concurrency=concurrency,
+                                           spec_decoding=method != "no_spec")
+        if method == "no_spec":
+            reference = outs
+        same, differ = lossless(reference, outs)
+        result.update({"lossless": same, "prompts_differing": differ})
+        log.info("%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s", method,
+                 result["mean_acceptance_length"], result["acceptance_rate"],
+                 result["output_tokens_per_s"] or 0, same)
+        results[method] = result
+    summary = {"num_speculative_tokens": k, "prompts": len(prompts), "max_tokens": max_tokens,
+               **results}
+    write_table(results, out_csv)
+    plot_per_position(results, out_png)
+    write_json(out_json, summary)
+    return summary
+
+
+def check_template(target: str, expected_hash: str | None, metadata_path) -> None:
+    """Evaluation must render prompts with the template the training data was made with."""
+    from transformers import AutoTokenizer
+
+    from eaglenest.errors import EaglenestError
+    from eaglenest.tokenize import chat_template_hash
+
+    if not expected_hash:
+        return
+    actual = chat_template_hash(AutoTokenizer.from_pretrained(target))
+    if actual != expected_hash:
+        raise EaglenestError(f"the target's chat template (hash {actual}) differs from the one "
+                             f"the training data was tokenized with ({expected_hash})",
+                             metadata_path)

@@ -236,3 +236,49 @@ def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
         raise EaglenestError(
             f"not enough disk for hidden states: need {needed / 1e9:.2f} GB + "
             f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free", out_dir)
+
+
+def plan_stage(*, tokenized_path, metadata_path, draft_config_path, out_dir, num_shards: int,
+               dtype: str, disk_margin_gb: float, plan_path) -> dict:
+    """The `plan_hidden_states` rule: state the bytes extraction will write; refuse if the disk
+    cannot hold them plus the margin."""
+    from eaglenest.io import read_json, write_json
+
+    meta = read_json(metadata_path)
+    dcfg = read_json(draft_config_path)["eaglenest"]
+    tokens = int(meta["tokens_total"])
+    needed = estimate_bytes(tokens, dcfg["hidden_size"], dtype)
+    plan = {"samples": meta["samples_out"], "tokens": tokens, "hidden_size": dcfg["hidden_size"],
+            "dtype": dtype, "num_shards": num_shards, "bytes": needed,
+            "aux_layer_ids": dcfg["aux_layer_ids"], "disk_margin_gb": disk_margin_gb}
+    log.info("hidden states will take %.3f GB (%d tokens x 4 x %d x %s) in %d shards",
+             needed / 1e9, tokens, dcfg["hidden_size"], dtype, num_shards)
+    check_free_space(out_dir, needed, int(disk_margin_gb * 1e9))
+    write_json(plan_path, plan)
+    return plan
+
+
+def extract_stage(*, run_dir, target: str, tokenized_path, draft_config_path, out_dir,
+                  shard: int, num_shards: int, dtype: str, backend: str, concurrency: int,
+                  server_cfg: dict, trust_remote_code: bool = False) -> dict:
+    """The `extract_hidden_states` rule for one shard."""
+    from eaglenest.io import read_json
+    from eaglenest.server import serving
+    from eaglenest.workflow import resolve_device
+
+    dcfg = read_json(draft_config_path)["eaglenest"]
+    aux, n, hidden = dcfg["aux_layer_ids"], dcfg["target_num_layers"], dcfg["hidden_size"]
+    meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
+    if backend == "transformers":
+        return extract_shard_transformers(target, tokenized_path, out_dir, shard=shard,
+                                          num_shards=num_shards, aux_layer_ids=aux, dtype=dtype,
+                                          meta=meta, trust_remote_code=trust_remote_code)
+    spool = Path(run_dir) / ".eaglenest" / "hidden_states_spool"
+    spec = vllm_extraction_spec(target, aux, n, spool, tuple(server_cfg["base_args"]),
+                                tuple(sorted(server_cfg["env"].items())),
+                                cpu=resolve_device(server_cfg["device"]) == "cpu")
+    with serving(spec, run_dir, reuse=server_cfg["reuse"],
+                 timeout_s=server_cfg["startup_timeout_s"]) as server:
+        return extract_shard_vllm(server, tokenized_path, out_dir, shard=shard,
+                                  num_shards=num_shards, hidden_size=hidden, dtype=dtype,
+                                  meta=meta, concurrency=concurrency)

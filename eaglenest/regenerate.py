@@ -144,3 +144,20 @@ def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, sam
               "answered": len(rows) - failed, "failed": failed}
     log.info("regeneration done: %s", counts)
     return counts
+
+
+def regenerate_stage(*, run_dir, target: str, server_cfg: dict, reasoning_parser, prompts_path,
+                     out_path, sampling: dict, concurrency: int, max_retries: int,
+                     request_timeout_s: float) -> dict:
+    """The `regenerate_responses` rule: lease the target's server, answer every prompt."""
+    from eaglenest.server import ServerSpec, serving
+    from eaglenest.workflow import with_reasoning_parser
+
+    spec = ServerSpec(model=target,
+                      args=with_reasoning_parser(tuple(server_cfg["base_args"]), reasoning_parser),
+                      env=tuple(sorted(server_cfg["env"].items())))
+    with serving(spec, run_dir, reuse=server_cfg["reuse"],
+                 timeout_s=server_cfg["startup_timeout_s"]) as server:
+        return regenerate_responses(server, prompts_path, out_path, run_dir, sampling=sampling,
+                                    concurrency=concurrency, max_retries=max_retries,
+                                    request_timeout_s=request_timeout_s)

@@ -117,3 +117,92 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def _file_digest(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def collect_metrics(save_path) -> list[dict]:
+    """Per-epoch validation loss and per-position accuracy, from speculators' checkpoints."""
+    rows = []
+    for epoch in epochs_done(save_path):
+        f = Path(save_path) / str(epoch) / "val_metrics.json"
+        if f.exists():
+            rows.append({"epoch": epoch, **json.loads(f.read_text())})
+    return rows
+
+
+def plot_curves(metrics: list[dict], out_png) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglenest.io import atomic_path
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    epochs = [m["epoch"] for m in metrics]
+    ax_loss.plot(epochs, [m.get("loss_epoch") for m in metrics], marker="o")
+    ax_loss.set(xlabel="epoch", ylabel="validation loss", title="Loss")
+    positions = sorted({int(k.split("_")[2]) for m in metrics for k in m
+                        if k.startswith("full_acc_")})
+    for p in positions:
+        ax_acc.plot(epochs, [m.get(f"full_acc_{p}_epoch") for m in metrics], marker="o",
+                    label=f"position {p}")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="Per-position accuracy", ylim=(0, 1))
+    ax_acc.legend()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def train_stage(*, run_dir, target: str, shard_dirs, tokenized_path, t2d_npy, d2t_npy,
+                draft_config_path, hp: dict, gpus: int, device: str, out_checkpoint,
+                out_metrics, out_curves, log_file) -> dict:
+    """The `train_draft` rule: assemble the trainer's inputs, train (resuming), keep the result."""
+    import shutil
+
+    from eaglenest.hidden_states import link_training_data
+    from eaglenest.io import atomic_path, read_json, write_json
+    from eaglenest.server import Lease
+    from eaglenest.workflow import resolve_device
+
+    # Training needs the accelerators the leased server holds.
+    Lease(run_dir).release()
+    dcfg = read_json(draft_config_path)
+    manifests = [read_json(Path(s) / "manifest.json") for s in shard_dirs]
+    key = spec_key([hp, dcfg, _file_digest(t2d_npy), _file_digest(d2t_npy),
+                    _file_digest(tokenized_path), manifests])
+    work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
+    data_dir, save_path = work / "data", work / "checkpoints"
+    link_training_data(tokenized_path, shard_dirs, data_dir)
+    done = epochs_done(save_path)
+    log.info("training spec %s: %d of %d epochs already done%s", key, len(done), hp["epochs"],
+             " (resuming)" if done else "")
+    args = trainer_args(target=target, data_dir=data_dir, save_path=save_path,
+                        draft_config=draft_config_path, d2t_npy=Path(d2t_npy).resolve(),
+                        t2d_npy=Path(t2d_npy).resolve(),
+                        draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
+                        aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"], hp=hp,
+                        cpu=resolve_device(device) == "cpu", log_dir=work / "logs")
+    gpus_here = gpus if resolve_device(device) == "cuda" else 1
+    run_trainer(args, gpus_here, log_file)
+    final = epochs_done(save_path)
+    if not final:
+        raise RuntimeError(f"speculators wrote no checkpoint into {save_path}")
+    last = save_path / str(final[-1])
+    with atomic_path(out_checkpoint, is_dir=True) as tmp:
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(last / name, tmp / name)
+    metrics = collect_metrics(save_path)
+    summary = {"epochs": len(final), "resumed_from_epoch": done[-1] if done else None,
+               "final_epoch": final[-1], "per_epoch": metrics}
+    write_json(out_metrics, summary)
+    plot_curves(metrics, out_curves)
+    return summary

@@ -1,0 +1,27 @@
+# eaglenest: train an EAGLE-3 draft head for a served target model.
+# `snakemake --cores all` builds what is missing; `snakemake -n` shows the plan.
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/vocab.smk"
+include: "rules/hidden_states.smk"
+include: "rules/train.smk"
+include: "rules/evaluate.smk"
+
+
+rule all:
+    input:
+        acceptance=f"{RUN}/eval/acceptance.json",
+        draft=f"{RUN}/draft",
+        coverage=f"{RUN}/vocab/vocab_coverage.json",
+
+
+onsuccess:
+    release_server()
+
+
+onerror:
+    release_server()

@@ -1,0 +1,64 @@
+# Config helpers shared by every rule file. Planning never loads a model, starts a server or
+# touches the network: everything here reads the config and the local file system only.
+import os
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from eaglenest.errors import EaglenestError
+from eaglenest.server import WORKFLOW_PID_ENV, Lease
+from eaglenest.workflow import check_target, code_hash, vllm_base_args, vllm_env
+
+validate(config, schema="../config/schemas/config.schema.yaml")
+
+RUN = config["run_dir"]
+TARGET = config["target"]["path"]
+BUILD_TINY = bool(config["target"].get("build_tiny"))
+GPUS = config["gpus"]
+NUM_SHARDS = config["hidden_states"]["num_shards"]
+SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)]
+# The files the tiny-target rule writes; a production target is the user's folder or hub id.
+TARGET_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+try:
+    check_target(TARGET, BUILD_TINY)
+except EaglenestError as e:
+    raise WorkflowError(f"config target.path: {e}")
+
+# GPU jobs find the leased vLLM server through this; its supervisor stops the server when
+# this process is gone, however the workflow ends.
+os.environ.setdefault(WORKFLOW_PID_ENV, str(os.getpid()))
+
+
+def target_input():
+    """The target's config.json as a file input: built here, a local folder, or none (hub id)."""
+    if BUILD_TINY or Path(TARGET).exists():
+        return f"{TARGET}/config.json"
+    return []
+
+
+def prompt_source_files():
+    """Local prompt files are inputs, so editing them reruns the data stages."""
+    files = []
+    for src in config["prompts"]["sources"]:
+        if src["type"] == "bundled":
+            files.append(str(Path(workflow.basedir) / "data" / "prompts" /
+                             src.get("path", "default.jsonl")))
+        elif src["type"] in ("jsonl", "parquet"):
+            files.append(src["path"])
+    return files
+
+
+def server_params():
+    """Everything that defines the run's vLLM servers, as one params value."""
+    return {
+        "base_args": list(vllm_base_args(config["vllm"], config["target"])),
+        "env": dict(vllm_env(config["vllm"])),
+        "device": config["vllm"]["device"],
+        "reuse": config["vllm"].get("reuse_server", True),
+        "startup_timeout_s": config["vllm"].get("startup_timeout_s", 900),
+    }
+
+
+def release_server():
+    Lease(RUN).release()

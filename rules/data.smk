@@ -1,0 +1,81 @@
+# Data stages: the target (tiny default only), prompts, regenerated responses, tokenization.
+
+
+if BUILD_TINY:
+
+    rule build_tiny_target:
+        input:
+            prompts=prompt_source_files(),
+        output:
+            [f"{TARGET}/{name}" for name in TARGET_FILES],
+        params:
+            target=TARGET,
+            shape=config["target"]["build_tiny"],
+            code=code_hash("tiny_target"),
+        log:
+            f"{RUN}/logs/build_tiny_target.log",
+        script:
+            "../scripts/build_tiny_target.py"
+
+
+rule prepare_prompts:
+    input:
+        sources=prompt_source_files(),
+    output:
+        train=f"{RUN}/prompts/prompts.jsonl",
+        eval=f"{RUN}/prompts/eval_prompts.jsonl",
+        stats=f"{RUN}/prompts/prompts_stats.json",
+    params:
+        sources=config["prompts"]["sources"],
+        eval_samples=config["prompts"]["eval_samples"],
+        seed=config["prompts"].get("seed", 0),
+        code=code_hash("prompts"),
+    log:
+        f"{RUN}/logs/prepare_prompts.log",
+    script:
+        "../scripts/prepare_prompts.py"
+
+
+rule regenerate_responses:
+    input:
+        prompts=rules.prepare_prompts.output.train,
+        target=target_input(),
+    output:
+        responses=f"{RUN}/responses/raw_responses.jsonl",
+    params:
+        run_dir=RUN,
+        target=TARGET,
+        server=server_params(),
+        reasoning_parser=config["target"].get("reasoning_parser"),
+        sampling={k: config["regenerate"][k] for k in ("max_tokens", "temperature", "top_p")},
+        concurrency=config["regenerate"]["concurrency"],
+        max_retries=config["regenerate"]["max_retries"],
+        request_timeout_s=config["regenerate"]["request_timeout_s"],
+        code=code_hash("regenerate", "server"),
+    resources:
+        gpu=GPUS,
+    log:
+        f"{RUN}/logs/regenerate_responses.log",
+    script:
+        "../scripts/regenerate_responses.py"
+
+
+rule tokenize:
+    input:
+        responses=rules.regenerate_responses.output.responses,
+        target=target_input(),
+    output:
+        data=f"{RUN}/tokenized/tokenized_data.jsonl",
+        freq=f"{RUN}/tokenized/token_freq.pt",
+        metadata=f"{RUN}/tokenized/metadata.json",
+    params:
+        target=TARGET,
+        max_seq_len=config["tokenize"]["max_seq_len"],
+        overlong=config["tokenize"]["overlong"],
+        target_name=config["target"]["name"],
+        target_revision=config["target"].get("revision"),
+        code=code_hash("tokenize"),
+    log:
+        f"{RUN}/logs/tokenize.log",
+    script:
+        "../scripts/tokenize.py"

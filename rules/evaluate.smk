@@ -1,0 +1,30 @@
+# Acceptance in vLLM on the held-out prompts: no speculation, n-gram, untrained and trained draft.
+
+
+rule evaluate_acceptance:
+    input:
+        draft=rules.export_draft.output.draft,
+        prompts=rules.prepare_prompts.output.eval,
+        metadata=rules.tokenize.output.metadata,
+        target=target_input(),
+    output:
+        acceptance=f"{RUN}/eval/acceptance.json",
+        table=report(f"{RUN}/eval/acceptance.csv", caption="../report/acceptance.rst",
+                     category="Acceptance"),
+        plot=report(f"{RUN}/eval/per_position_acceptance.png",
+                    caption="../report/per_position_acceptance.rst", category="Acceptance"),
+    params:
+        run_dir=RUN,
+        target=TARGET,
+        server=server_params(),
+        k=config["evaluate"]["num_speculative_tokens"],
+        max_tokens=config["evaluate"]["max_tokens"],
+        concurrency=config["evaluate"]["concurrency"],
+        ngram=config["evaluate"].get("ngram", {}),
+        code=code_hash("evaluate", "server"),
+    resources:
+        gpu=GPUS,
+    log:
+        f"{RUN}/logs/evaluate_acceptance.log",
+    script:
+        "../scripts/evaluate_acceptance.py"

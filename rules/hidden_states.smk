@@ -1,0 +1,49 @@
+# Hidden-state extraction: a storage plan, then one job per shard. Shards are ordinary outputs,
+# so deleting one rebuilds it alone; all GPU jobs share one leased vLLM server.
+
+
+rule plan_hidden_states:
+    input:
+        data=rules.tokenize.output.data,
+        metadata=rules.tokenize.output.metadata,
+        draft_config=rules.draft_config.output.config,
+    output:
+        plan=f"{RUN}/hidden_states/plan.json",
+    params:
+        out_dir=f"{RUN}/hidden_states",
+        num_shards=NUM_SHARDS,
+        dtype=config["hidden_states"]["dtype"],
+        disk_margin_gb=config["hidden_states"].get("disk_margin_gb", 0),
+        code=code_hash("hidden_states"),
+    log:
+        f"{RUN}/logs/plan_hidden_states.log",
+    script:
+        "../scripts/plan_hidden_states.py"
+
+
+rule extract_hidden_states:
+    input:
+        data=rules.tokenize.output.data,
+        draft_config=rules.draft_config.output.config,
+        plan=rules.plan_hidden_states.output.plan,
+        target=target_input(),
+    output:
+        shard=directory(f"{RUN}/hidden_states/shard_{{k}}"),
+    wildcard_constraints:
+        k=r"\d+",
+    params:
+        run_dir=RUN,
+        target=TARGET,
+        num_shards=NUM_SHARDS,
+        dtype=config["hidden_states"]["dtype"],
+        backend=config["hidden_states"]["backend"],
+        concurrency=config["hidden_states"].get("concurrency", 4),
+        server=server_params(),
+        trust_remote_code=config["target"].get("trust_remote_code", False),
+        code=code_hash("hidden_states", "server", "cpu_connector"),
+    resources:
+        gpu=GPUS,
+    log:
+        f"{RUN}/logs/extract_hidden_states/shard_{{k}}.log",
+    script:
+        "../scripts/extract_hidden_states.py"

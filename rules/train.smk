@@ -1,0 +1,48 @@
+# Training with speculators' EAGLE-3 trainer, and the export vLLM serves directly.
+
+
+rule train_draft:
+    input:
+        shards=SHARD_DIRS,
+        data=rules.tokenize.output.data,
+        t2d=rules.build_vocab_mapping.output.t2d_npy,
+        d2t=rules.build_vocab_mapping.output.d2t_npy,
+        draft_config=rules.draft_config.output.config,
+        target=target_input(),
+    output:
+        checkpoint=directory(f"{RUN}/train/checkpoint"),
+        metrics=f"{RUN}/train/train_metrics.json",
+        curves=report(f"{RUN}/train/train_curves.png", caption="../report/train_curves.rst",
+                      category="Training"),
+    params:
+        run_dir=RUN,
+        target=TARGET,
+        hp=config["train"],
+        gpus=GPUS,
+        device=config["vllm"]["device"],
+        code=code_hash("train"),
+    resources:
+        gpu=GPUS,
+    log:
+        f"{RUN}/logs/train_draft.log",
+    script:
+        "../scripts/train_draft.py"
+
+
+rule export_draft:
+    input:
+        checkpoint=rules.train_draft.output.checkpoint,
+        t2d=rules.build_vocab_mapping.output.t2d_pt,
+        d2t=rules.build_vocab_mapping.output.d2t_pt,
+        draft_config=rules.draft_config.output.config,
+        target=target_input(),
+    output:
+        draft=directory(f"{RUN}/draft"),
+    params:
+        target=TARGET,
+        max_model_len=config["vllm"]["max_model_len"],
+        code=code_hash("export"),
+    log:
+        f"{RUN}/logs/export_draft.log",
+    script:
+        "../scripts/export_draft.py"

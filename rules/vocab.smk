@@ -1,0 +1,42 @@
+# The draft vocabulary and the draft's config: CPU rules that run while GPU rules do.
+
+
+rule build_vocab_mapping:
+    input:
+        token_freq=rules.tokenize.output.freq,
+        target_config=target_input(),
+    output:
+        t2d_pt=f"{RUN}/vocab/t2d.pt",
+        d2t_pt=f"{RUN}/vocab/d2t.pt",
+        t2d_npy=f"{RUN}/vocab/t2d.npy",
+        d2t_npy=f"{RUN}/vocab/d2t.npy",
+        coverage=f"{RUN}/vocab/vocab_coverage.json",
+        coverage_plot=report(f"{RUN}/vocab/vocab_coverage.png",
+                             caption="../report/vocab_coverage.rst", category="Vocabulary"),
+    params:
+        target=TARGET,
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        always_keep_ids=config["vocab"].get("always_keep_ids", []),
+        code=code_hash("vocab"),
+    log:
+        f"{RUN}/logs/build_vocab_mapping.log",
+    script:
+        "../scripts/build_vocab_mapping.py"
+
+
+rule draft_config:
+    input:
+        target=target_input(),
+    output:
+        config=f"{RUN}/draft_config.json",
+    params:
+        target=TARGET,
+        aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
+        draft_vocab_size=config["vocab"]["draft_vocab_size"],
+        draft_layers=config["train"]["draft_layers"],
+        max_model_len=config["vllm"]["max_model_len"],
+        code=code_hash("draft_config"),
+    log:
+        f"{RUN}/logs/draft_config.log",
+    script:
+        "../scripts/draft_config.py"
