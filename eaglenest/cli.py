@@ -1,0 +1,101 @@
+"""The `eaglenest` command: each workflow stage usable on its own, outside Snakemake.
+
+Subcommands register themselves in `SUBCOMMANDS` (one small function each that adds its parser
+and points `run` at the code), so stages can be added without touching `main`. Heavy imports
+(torch) happen inside the `run` functions, so `eaglenest --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from eaglenest.errors import EaglenestError
+
+Register = Callable[["argparse._SubParsersAction"], None]
+SUBCOMMANDS: list[Register] = []
+
+
+def subcommand(register: Register) -> Register:
+    """Add a subcommand's parser-building function to the registry."""
+    SUBCOMMANDS.append(register)
+    return register
+
+
+# --------------------------------------------------------------------------------------------
+# vocab-mapping
+
+
+@subcommand
+def _vocab_mapping(subparsers) -> None:
+    p = subparsers.add_parser(
+        "vocab-mapping",
+        help="choose the draft vocabulary from token counts (t2d/d2t + coverage report)",
+        description=(
+            "Select the DRAFT_VOCAB_SIZE most frequent target ids (ties to the lower id, unseen "
+            "ids fill in lowest first, always-kept ids first) and write t2d.pt, d2t.pt, "
+            "t2d.npy, d2t.npy and vocab_coverage.json to OUTPUT_DIR."
+        ),
+    )
+    p.add_argument("--token-freq", required=True, metavar="FILE",
+                   help="token_freq.pt: dense count tensor [target_vocab] or {token_id: count}")
+    p.add_argument("--draft-vocab-size", required=True, type=int, metavar="N")
+    p.add_argument("--output-dir", required=True, metavar="DIR")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target-model", metavar="PATH",
+                        help="target model folder; vocab_size is read from its config.json")
+    target.add_argument("--target-vocab-size", type=int, metavar="V")
+    p.add_argument("--always-keep-ids", type=int, nargs="+", default=[], metavar="ID",
+                   help="ids that are always in the draft vocabulary (e.g. special tokens)")
+    p.add_argument("--plot", metavar="FILE", help="also write a PNG of coverage vs draft size")
+    p.set_defaults(run=_run_vocab_mapping)
+
+
+def _run_vocab_mapping(args: argparse.Namespace) -> int:
+    from eaglenest.vocab import MappingPaths, build_vocab_mapping
+
+    paths = MappingPaths.in_dir(args.output_dir, coverage_plot=args.plot)
+    cov = build_vocab_mapping(
+        args.token_freq,
+        args.draft_vocab_size,
+        paths,
+        target_config=args.target_model,
+        target_vocab_size=args.target_vocab_size,
+        always_keep_ids=args.always_keep_ids,
+    )
+    print(
+        f"{cov['draft_vocab_size']} of {cov['target_vocab_size']} ids cover "
+        f"{cov['coverage']:.2%} of {cov['total_masked_tokens']} masked tokens -> "
+        f"{args.output_dir}"
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eaglenest", description="Train EAGLE-3 draft heads: workflow stages as commands."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in SUBCOMMANDS:
+        register(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run one subcommand; bad input prints `eaglenest: error: FILE: PROBLEM` and returns 1."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args)
+    except EaglenestError as e:
+        print(f"eaglenest {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
