@@ -24,6 +24,10 @@ def _tmp_sibling(path: Path, is_dir: bool = False) -> Path:
         return Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
     fd, name = tempfile.mkstemp(prefix=prefix, dir=path.parent)
     os.close(fd)
+    # mkstemp makes files private (0600); outputs are shared like any other file.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)
     return Path(name)
 
 

