@@ -74,6 +74,51 @@ def _run_vocab_mapping(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# plan
+
+
+@subcommand
+def _plan(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="before a run: the stages that will run and why, hidden-state bytes, GPU order",
+        description=(
+            "Dry-run the workflow (snakemake -n, offline) and print the stages that will run "
+            "and why (missing output, stale input, changed params or code, upstream rerun), "
+            "the hidden-state storage (measured from the tokenized data, or estimated from the "
+            "config), and the GPU rules in the order they will run. Arguments after `--` go "
+            "to snakemake unchanged (targets, --forcerun RULE, ...)."
+        ),
+    )
+    p.add_argument("-s", "--snakefile", metavar="FILE")
+    p.add_argument("-d", "--directory", metavar="DIR", help="snakemake's working directory")
+    p.add_argument("--configfile", "--configfiles", nargs="+", action="extend", default=[],
+                   metavar="FILE")
+    p.add_argument("--config", "-C", nargs="+", action="extend", default=[],
+                   metavar="KEY=VALUE")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("snakemake_args", nargs=argparse.REMAINDER, metavar="-- SNAKEMAKE_ARGS")
+    p.set_defaults(run=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from eaglenest.plan import format_plan, make_plan
+
+    extra = list(args.snakemake_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    plan = make_plan(snakefile=args.snakefile, directory=args.directory,
+                     configfiles=args.configfile, config_entries=args.config, extra_args=extra)
+    if args.json:
+        print(json.dumps(plan, indent=1, default=str))
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -238,27 +238,32 @@ def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
             f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free", out_dir)
 
 
-def plan_stage(*, tokenized_path, metadata_path, draft_config_path, out_dir, num_shards: int,
+def plan_stage(*, metadata_path, target: str, aux_layer_ids, out_dir, num_shards: int,
                dtype: str, disk_margin_gb: float, plan_path) -> dict:
-    """The `plan_hidden_states` rule: state the bytes extraction will write; refuse if the disk
-    cannot hold them plus the margin."""
+    """The `plan_hidden_states` rule: fix the layers to extract, state the bytes extraction
+    will write, and refuse if the disk cannot hold them plus the margin."""
+    from eaglenest.draft_config import target_text_config
     from eaglenest.io import read_json, write_json
+    from eaglenest.workflow import target_config_path
 
     meta = read_json(metadata_path)
-    dcfg = read_json(draft_config_path)["eaglenest"]
+    config_path = target_config_path(target)
+    tcfg = target_text_config(config_path.parent)
+    n, hidden = tcfg["num_hidden_layers"], tcfg["hidden_size"]
+    aux = resolve_aux_layer_ids(aux_layer_ids, n, config_path)
     tokens = int(meta["tokens_total"])
-    needed = estimate_bytes(tokens, dcfg["hidden_size"], dtype)
-    plan = {"samples": meta["samples_out"], "tokens": tokens, "hidden_size": dcfg["hidden_size"],
-            "dtype": dtype, "num_shards": num_shards, "bytes": needed,
-            "aux_layer_ids": dcfg["aux_layer_ids"], "disk_margin_gb": disk_margin_gb}
+    needed = estimate_bytes(tokens, hidden, dtype)
+    plan = {"samples": meta["samples_out"], "tokens": tokens, "hidden_size": hidden,
+            "target_num_layers": n, "aux_layer_ids": aux, "dtype": dtype,
+            "num_shards": num_shards, "bytes": needed, "disk_margin_gb": disk_margin_gb}
     log.info("hidden states will take %.3f GB (%d tokens x 4 x %d x %s) in %d shards",
-             needed / 1e9, tokens, dcfg["hidden_size"], dtype, num_shards)
+             needed / 1e9, tokens, hidden, dtype, num_shards)
     check_free_space(out_dir, needed, int(disk_margin_gb * 1e9))
     write_json(plan_path, plan)
     return plan
 
 
-def extract_stage(*, run_dir, target: str, tokenized_path, draft_config_path, out_dir,
+def extract_stage(*, run_dir, target: str, tokenized_path, plan_path, out_dir,
                   shard: int, num_shards: int, dtype: str, backend: str, concurrency: int,
                   server_cfg: dict, trust_remote_code: bool = False) -> dict:
     """The `extract_hidden_states` rule for one shard."""
@@ -266,8 +271,8 @@ def extract_stage(*, run_dir, target: str, tokenized_path, draft_config_path, ou
     from eaglenest.server import serving
     from eaglenest.workflow import resolve_device
 
-    dcfg = read_json(draft_config_path)["eaglenest"]
-    aux, n, hidden = dcfg["aux_layer_ids"], dcfg["target_num_layers"], dcfg["hidden_size"]
+    plan = read_json(plan_path)
+    aux, n, hidden = plan["aux_layer_ids"], plan["target_num_layers"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
     if backend == "transformers":
         return extract_shard_transformers(target, tokenized_path, out_dir, shard=shard,

@@ -70,16 +70,20 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
     delay = 1.0
     for attempt in range(max_retries + 1):
         try:
+            # Token ids too: tokenization trains on exactly what the target saw and emitted.
             res = await client.chat.completions.create(
-                model=SERVED_NAME, messages=prompt["messages"], **sampling)
-            msg = res.choices[0].message
-            extra = msg.model_extra or {}
+                model=SERVED_NAME, messages=prompt["messages"],
+                extra_body={"return_token_ids": True}, **sampling)
+            choice = res.choices[0]
+            extra = choice.message.model_extra or {}
             reasoning = extra.get("reasoning_content") or extra.get("reasoning")
-            reply = {"role": "assistant", "content": msg.content or ""}
+            reply = {"role": "assistant", "content": choice.message.content or ""}
             if reasoning:
                 reply["reasoning_content"] = reasoning
             return {"id": prompt["id"], "messages": [*prompt["messages"], reply],
-                    "finish_reason": res.choices[0].finish_reason}
+                    "finish_reason": choice.finish_reason,
+                    "prompt_token_ids": (res.model_extra or {}).get("prompt_token_ids"),
+                    "completion_token_ids": (choice.model_extra or {}).get("token_ids")}
         except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
             check_alive(server)  # a dead server is not worth retrying
             if attempt == max_retries:

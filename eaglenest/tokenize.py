@@ -453,19 +453,29 @@ def tokenize_responses(
     stats = dict(
         samples_in=0, samples_out=0, truncated=0, tokens_total=0, tokens_loss_masked=0,
         turns_reasoning=0, turns_reasoning_dropped=0, turns_assistant=0, turns_unmasked=0,
+        rows_served_ids=0,
     )  # fmt: skip
 
     def flush(batch, f):
         if not batch:
             return
-        rids = [rid for rid, _ in batch]
-        convs = [msgs for _, msgs in batch]
+        rids = [rid for rid, _, _ in batch]
+        convs = [msgs for _, msgs, _ in batch]
+        rendered = [i for i, (_, _, served) in enumerate(batch) if served is None]
         try:
-            encoded = encode_conversations(tokenizer, convs, names=rids)
+            encoded_rendered = encode_conversations(
+                tokenizer, [convs[i] for i in rendered], names=[rids[i] for i in rendered])
         except EaglenestError as e:
             if e.path is not None:
                 raise
             raise EaglenestError(e.problem, responses_path) from None
+        encoded = [None] * len(batch)
+        for i, r in zip(rendered, encoded_rendered):
+            encoded[i] = r
+        for i, (rid, msgs, served) in enumerate(batch):
+            if served is not None:
+                encoded[i] = encode_served(tokenizer, rid, msgs, served, responses_path)
+                stats["rows_served_ids"] += 1
         masked_chunks = []
         lines = []
         for rid, msgs, r in zip(rids, convs, encoded):
@@ -525,7 +535,7 @@ def tokenize_responses(
                 msgs, n_reasoning, n_dropped = prepared
                 stats["turns_reasoning"] += n_reasoning
                 stats["turns_reasoning_dropped"] += n_dropped
-                batch.append((row["id"], msgs))
+                batch.append((row["id"], msgs, served_token_ids(row)))
                 if len(batch) >= _CHUNK_ROWS:
                     flush(batch, f)
             flush(batch, f)
@@ -556,7 +566,11 @@ def tokenize_responses(
                 "total": stats["turns_assistant"],
                 "unmasked": stats["turns_unmasked"],
             },
-            "mask_method": "chat-template prefix renders mapped to tokens by character offsets",
+            "mask_method": {
+                "served_token_ids": stats["rows_served_ids"],
+                "template_render": stats["samples_in"] - skipped["regeneration_failed"]
+                - stats["rows_served_ids"],
+            },
         }
         tmp_meta.write_text(json.dumps(metadata, indent=2) + "\n")
     log.info(
@@ -567,6 +581,38 @@ def tokenize_responses(
         stats["turns_unmasked"], stats["turns_assistant"],
     )
     return metadata
+
+
+def served_token_ids(row: dict):
+    """The exact tokens the server fed and emitted, when regeneration recorded them."""
+    prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
+    if prompt is None or completion is None:
+        return None
+    return prompt, completion
+
+
+def encode_served(tokenizer, rid, msgs, served, path) -> dict:
+    """Training tokens = what the target saw and emitted while regenerating.
+
+    Re-tokenizing the response text can give other tokens than the ones the model emitted
+    (non-canonical merges, partial UTF-8 bytes, reasoning markers), and then the draft learns
+    a sequence the target never produces. So the answer's tokens are the served ones (loss 1,
+    including the end-of-turn token the model emitted), after the prompt as the server rendered
+    it (loss 0). The prompt is re-rendered here with the target's chat template and must match
+    the server's tokens exactly: a template changed since regeneration is an error.
+    """
+    prompt_ids, completion_ids = served
+    expected = tokenizer.apply_chat_template(msgs[:-1], tokenize=False, add_generation_prompt=True)
+    expected_ids = tokenizer(expected, add_special_tokens=False)["input_ids"]
+    if list(expected_ids) != list(prompt_ids):
+        raise EaglenestError(
+            f"id {rid!r}: the prompt as the target's chat template renders it now differs from "
+            "the prompt the server rendered during regeneration (template or tokenizer changed "
+            "since then?)", path)
+    ids = np.asarray([*prompt_ids, *completion_ids], dtype=np.int64)
+    mask = np.zeros(ids.size, dtype=np.int64)
+    mask[len(prompt_ids):] = 1
+    return {"input_ids": ids, "loss_mask": mask, "unmasked_turns": 0}
 
 
 def _int_list(a: np.ndarray) -> str:
@@ -585,6 +631,8 @@ def _bit_list(mask: np.ndarray) -> str:
 
 
 __all__ = [
+    "encode_served",
+    "served_token_ids",
     "assistant_char_spans",
     "assistant_mask",
     "chat_template_hash",

@@ -173,6 +173,9 @@ def train_stage(*, run_dir, target: str, shard_dirs, tokenized_path, t2d_npy, d2
     from eaglenest.server import Lease
     from eaglenest.workflow import resolve_device
 
+    from eaglenest.contracts import check_training_inputs
+
+    check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy)
     # Training needs the accelerators the leased server holds.
     Lease(run_dir).release()
     dcfg = read_json(draft_config_path)

@@ -20,6 +20,9 @@ def setup_logging(log_path) -> logging.Logger:
     """Send the stage's logging (eaglenest and the engines) to the rule's `log:` file."""
     logging.basicConfig(filename=str(log_path), level=logging.INFO, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "openai", "urllib3"):
+        # One line per request would bury the progress lines.
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger("eaglenest")
 
 

@@ -21,7 +21,7 @@ rule evaluate_acceptance:
         max_tokens=config["evaluate"]["max_tokens"],
         concurrency=config["evaluate"]["concurrency"],
         ngram=config["evaluate"].get("ngram", {}),
-        code=code_hash("evaluate", "server"),
+        code=code_hash("evaluate", "server", "tokenize"),
     resources:
         gpu=GPUS,
     log:

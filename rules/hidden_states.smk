@@ -1,15 +1,18 @@
-# Hidden-state extraction: a storage plan, then one job per shard. Shards are ordinary outputs,
+# Hidden-state extraction: a storage plan (layers, bytes, disk check), then one job per shard.
+# The draft's config is not an input: changing the draft vocabulary must not re-extract.
+# Shards are ordinary outputs,
 # so deleting one rebuilds it alone; all GPU jobs share one leased vLLM server.
 
 
 rule plan_hidden_states:
     input:
-        data=rules.tokenize.output.data,
         metadata=rules.tokenize.output.metadata,
-        draft_config=rules.draft_config.output.config,
+        target=target_input(),
     output:
         plan=f"{RUN}/hidden_states/plan.json",
     params:
+        target=TARGET,
+        aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
         out_dir=f"{RUN}/hidden_states",
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
@@ -24,7 +27,6 @@ rule plan_hidden_states:
 rule extract_hidden_states:
     input:
         data=rules.tokenize.output.data,
-        draft_config=rules.draft_config.output.config,
         plan=rules.plan_hidden_states.output.plan,
         target=target_input(),
     output:

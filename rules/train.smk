@@ -20,7 +20,7 @@ rule train_draft:
         hp=config["train"],
         gpus=GPUS,
         device=config["vllm"]["device"],
-        code=code_hash("train"),
+        code=code_hash("train", "contracts", "hidden_states"),
     resources:
         gpu=GPUS,
     log:

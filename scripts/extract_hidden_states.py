@@ -5,7 +5,7 @@ from eaglenest.workflow import run_logged
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
 run_logged(sm.log[0], extract_stage, run_dir=p.run_dir, target=p.target,
-           tokenized_path=sm.input.data, draft_config_path=sm.input.draft_config,
+           tokenized_path=sm.input.data, plan_path=sm.input.plan,
            out_dir=sm.output.shard, shard=int(sm.wildcards.k), num_shards=p.num_shards,
            dtype=p.dtype, backend=p.backend, concurrency=p.concurrency,
            server_cfg=dict(p.server), trust_remote_code=p.trust_remote_code)

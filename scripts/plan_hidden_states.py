@@ -4,6 +4,6 @@ from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
-run_logged(sm.log[0], plan_stage, tokenized_path=sm.input.data, metadata_path=sm.input.metadata,
-           draft_config_path=sm.input.draft_config, out_dir=p.out_dir, num_shards=p.num_shards,
+run_logged(sm.log[0], plan_stage, metadata_path=sm.input.metadata, target=p.target,
+           aux_layer_ids=p.aux_layer_ids, out_dir=p.out_dir, num_shards=p.num_shards,
            dtype=p.dtype, disk_margin_gb=p.disk_margin_gb, plan_path=sm.output.plan)
