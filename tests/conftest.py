@@ -1,0 +1,83 @@
+"""Shared fixtures: run the real workflow in a scratch folder, offline."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+GPU_RULES = {"regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"}
+
+
+def default_config() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
+    path = workdir / name
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 3000,
+              check: bool = True) -> subprocess.CompletedProcess:
+    """Run the repository's workflow with `workdir` as working directory."""
+    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--configfile", str(configfile), "--resources", "gpu=8", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-8000:]}")
+    return proc
+
+
+def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """The 'Job stats' table of a dry run: rule -> count (empty when nothing is to be done)."""
+    text = proc.stdout + proc.stderr
+    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\ntotal", text, re.S)
+    if not m:
+        return {}
+    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).splitlines()
+            if line.strip()}
+
+
+_STAMP = r"\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]"
+
+
+def job_timeline(log_text: str) -> list[dict]:
+    """Start and end of every job from Snakemake's own log: rule, jobid, start, end."""
+    starts, ends = {}, {}
+    for m in re.finditer(_STAMP + r"\n(?:local)?(?:rule|checkpoint) (\w+):\n(?:.*\n)*?\s+jobid: (\d+)",
+                         log_text):
+        starts[int(m.group(3))] = (m.group(2), _parse(m.group(1)))
+    for m in re.finditer(_STAMP + r"\nFinished jobid: (\d+) \(Rule: (\w+)\)", log_text):
+        ends[int(m.group(2))] = _parse(m.group(1))
+    return [{"jobid": j, "rule": rule, "start": t, "end": ends.get(j)}
+            for j, (rule, t) in sorted(starts.items())]
+
+
+def _parse(stamp: str) -> datetime:
+    return datetime.strptime(re.sub(" +", " ", stamp), "%a %b %d %H:%M:%S %Y")
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory):
+    """The default pipeline, run once for the whole session (real vLLM and speculators)."""
+    workdir = tmp_path_factory.mktemp("default_run")
+    cfg = default_config()
+    configfile = write_config(workdir, cfg)
+    proc = snakemake(workdir, configfile, "--cores", "2")
+    return {"workdir": workdir, "config": cfg, "configfile": configfile,
+            "run_dir": workdir / cfg["run_dir"], "log": proc.stdout + proc.stderr}
