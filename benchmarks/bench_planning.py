@@ -1,0 +1,212 @@
+"""Time `snakemake -n` on the Kimi-K2.5 config as the number of hidden-state shards grows.
+
+Each point is a fresh `snakemake -n` subprocess on config/kimi-k2.5.yaml with
+`hidden_states.num_shards` set to N (a temporary copy of the config), run in an empty working
+directory (`--directory`), so it plans every job of the run. Prints seconds and seconds per
+shard, and the growth exponent: the log-log slope of the wall time between the last two sizes,
+and the same for the time above the smallest size's (which removes Python start-up, imports and
+parsing, the fixed cost, and shows how the per-shard part grows).
+
+One guarded run checks that planning never touches the network or loads a model: the socket
+layer refuses every connection, and the modules an engine or a model would need (torch,
+transformers, vllm, speculators) must not be imported.
+
+Usage: python benchmarks/bench_planning.py [--shards 10 100 1000 4000] [--repeat 1]
+                                            [--profile N] [--snakefile Snakefile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY_MODULES = ("torch", "transformers", "vllm", "speculators")
+
+# Runs snakemake's CLI in-process with the network cut off, then reports heavy imports.
+GUARD = r"""
+import atexit, socket, sys
+class Refused(OSError):
+    pass
+def refuse(*a, **k):
+    print("GUARD: network access attempted: %r" % (a,), file=sys.stderr)
+    raise Refused("network access is not allowed while planning")
+socket.socket.connect = refuse
+socket.socket.connect_ex = refuse
+socket.create_connection = refuse
+socket.getaddrinfo = refuse
+def report():
+    heavy = [m for m in HEAVY if m in sys.modules]
+    print("GUARD: heavy modules imported: %s" % (", ".join(heavy) or "none"), file=sys.stderr)
+atexit.register(report)
+sys.argv = ["snakemake"] + sys.argv[1:]
+from snakemake.cli import main
+main()
+""".replace("HEAVY", repr(HEAVY_MODULES))
+
+
+def write_config(base: Path, num_shards: int, out: Path) -> Path:
+    cfg = yaml.safe_load(base.read_text())
+    cfg["hidden_states"]["num_shards"] = num_shards
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def snakemake_cmd(snakefile: Path, configfile: Path, workdir: Path) -> list[str]:
+    return ["-n", "-s", str(snakefile), "--configfile", str(configfile), "--directory",
+            str(workdir)]
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    return env
+
+
+def child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def time_plan(snakefile: Path, base_config: Path, num_shards: int) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one `snakemake -n` (fresh working directory), jobs planned.
+
+    CPU seconds (user + system of the child) hardly change when other processes compete for
+    the cores; wall seconds do."""
+    with tempfile.TemporaryDirectory(prefix="bench_planning_") as tmp:
+        tmp = Path(tmp)
+        cfg = write_config(base_config, num_shards, tmp / "config.yaml")
+        cmd = [sys.executable, "-m", "snakemake", *snakemake_cmd(snakefile, cfg, tmp / "wd")]
+        cpu0, start = child_cpu(), time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+        seconds, cpu = time.perf_counter() - start, child_cpu() - cpu0
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        sys.exit(f"snakemake -n failed for {num_shards} shards:\n{out[-4000:]}")
+    jobs = 0
+    for line in out.splitlines():
+        if line.startswith("total "):
+            jobs = int(line.split()[-1])
+    return seconds, cpu, jobs
+
+
+def guarded_plan(snakefile: Path, base_config: Path, num_shards: int) -> str:
+    """The GUARD lines of a `snakemake -n` run with the network cut off."""
+    with tempfile.TemporaryDirectory(prefix="bench_planning_guard_") as tmp:
+        tmp = Path(tmp)
+        cfg = write_config(base_config, num_shards, tmp / "config.yaml")
+        cmd = [sys.executable, "-c", GUARD, *snakemake_cmd(snakefile, cfg, tmp / "wd")]
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("GUARD:")]
+    status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+    return "\n".join([f"guarded run ({num_shards} shards): {status}", *lines])
+
+
+def profile_plan(snakefile: Path, base_config: Path, num_shards: int, top: int = 18) -> None:
+    """cProfile one `snakemake -n` and print where the time goes."""
+    import pstats
+
+    with tempfile.TemporaryDirectory(prefix="bench_planning_prof_") as tmp:
+        tmp = Path(tmp)
+        cfg = write_config(base_config, num_shards, tmp / "config.yaml")
+        prof = tmp / "plan.prof"
+        snakemake_bin = Path(sys.executable).with_name("snakemake")
+        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(snakemake_bin),
+               *snakemake_cmd(snakefile, cfg, tmp / "wd")]
+        subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, check=True)
+        stats = pstats.Stats(str(prof))
+        total = stats.total_tt
+        print(f"\ncProfile of snakemake -n, {num_shards} shards: {total:.1f} s under the profiler")
+
+        def short(func) -> str:
+            path, line, name = func
+            for marker in ("site-packages/", "lib/python3"):
+                if marker in path:
+                    path = path.split(marker, 1)[1]
+                    break
+            return f"{path}:{line}({name})"
+
+        rows = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)
+        print(f"{'cumulative s':>12} {'share':>6} {'calls':>10}  function (snakemake internals "
+              f"and this workflow's code)")
+        shown = 0
+        for func, (cc, nc, tt, ct, callers) in rows:
+            path = func[0]
+            if "snakemake" not in path and str(REPO) not in path:
+                continue
+            if ct < 0.03 * total or ct > 0.9 * total:
+                continue  # the entry points above everything, and the noise below
+            print(f"{ct:>12.2f} {ct / total:>6.0%} {nc:>10}  {short(func)}")
+            shown += 1
+            if shown >= top:
+                break
+        by_self = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:6]
+        print(f"{'self s':>12} {'share':>6} {'calls':>10}  function (most time in itself)")
+        for func, (cc, nc, tt, ct, callers) in by_self:
+            print(f"{tt:>12.2f} {tt / total:>6.0%} {nc:>10}  {short(func)}")
+
+
+def slope(n1: int, t1: float, n2: int, t2: float) -> float:
+    if t1 <= 0 or t2 <= 0:
+        return float("nan")
+    return math.log(t2 / t1) / math.log(n2 / n1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, nargs="+", default=[10, 100, 1000, 4000])
+    parser.add_argument("--repeat", type=int, default=1, help="runs per size; the best counts")
+    parser.add_argument("--configfile", type=Path, default=REPO / "config" / "kimi-k2.5.yaml")
+    parser.add_argument("--snakefile", type=Path, default=REPO / "Snakefile")
+    parser.add_argument("--profile", type=int, metavar="N", default=None,
+                        help="also cProfile one plan with N shards")
+    parser.add_argument("--no-guard", action="store_true", help="skip the network/model check")
+    args = parser.parse_args()
+    shards = sorted(set(args.shards))
+    snakefile, configfile = args.snakefile.resolve(), args.configfile.resolve()
+
+    results = []
+    for n in shards:
+        runs = [time_plan(snakefile, configfile, n) for _ in range(max(1, args.repeat))]
+        results.append((n, runs[0][2], min(r[0] for r in runs), min(r[1] for r in runs)))
+
+    where = configfile.relative_to(REPO) if configfile.is_relative_to(REPO) else configfile
+    print(f"snakemake -n, {where} with hidden_states.num_shards = N, fresh working directory, "
+          f"Snakefile {snakefile}; best of {max(1, args.repeat)}; {os.cpu_count()} CPUs, load "
+          f"average {os.getloadavg()[0]:.1f}")
+    print(f"{'shards':>7} {'jobs':>6} {'seconds':>8} {'s/shard':>9} {'CPU s':>7} "
+          f"{'CPU ms/shard above N0':>22}")
+    n0, _, t0, c0 = results[0]
+    for n, jobs, t, c in results:
+        above = f"{(c - c0) / (n - n0) * 1e3:.2f}" if n > n0 else "-"
+        print(f"{n:>7} {jobs:>6} {t:>8.2f} {t / n:>9.4f} {c:>7.2f} {above:>22}")
+    if len(results) >= 2:
+        (na, _, ta, ca), (nb, _, tb, cb) = results[-2], results[-1]
+        print(f"growth exponent {na}->{nb} shards, log-log slope: wall {slope(na, ta, nb, tb):.2f}, "
+              f"CPU {slope(na, ca, nb, cb):.2f}")
+        if na > n0:
+            print(f"growth exponent {na}->{nb} of the CPU time above {n0} shards (the per-shard "
+                  f"part; 1 = linear, 2 = quadratic): {slope(na - n0, ca - c0, nb - n0, cb - c0):.2f}")
+        at_1000 = [t for n, _, t, _ in results if n == 1000]
+        if at_1000:
+            print(f"1000 shards: {at_1000[0]:.2f} s (goal < 5 s: "
+                  f"{'met' if at_1000[0] < 5 else 'MISSED'})")
+
+    if not args.no_guard:
+        print(guarded_plan(snakefile, configfile, 100))
+    if args.profile:
+        profile_plan(snakefile, configfile, args.profile)
+
+
+if __name__ == "__main__":
+    main()

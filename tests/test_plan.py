@@ -1,0 +1,225 @@
+"""`eaglenest plan`: reasons, GPU order and hidden-state estimate, on a temp copy of the workflow.
+
+The dry runs are real `snakemake -n` runs on the default config (and the Kimi-K2.5 config) in a
+copy of the workflow, offline; the only job actually run is prepare_prompts (no engine), to
+give Snakemake metadata to compare params against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from eaglenest import cli  # noqa: E402
+from eaglenest.plan import (  # noqa: E402
+    CODE,
+    MISSING,
+    PARAMS,
+    STALE,
+    UPSTREAM,
+    classify_reason,
+    estimate_hidden_states,
+    gpu_stages,
+    make_plan,
+    parse_dry_run,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft",
+             "evaluate_acceptance"]
+
+
+def _copy_workflow(dst: Path) -> Path:
+    for name in ("Snakefile",):
+        shutil.copy2(REPO / name, dst / name)
+    for name in ("rules", "config", "scripts", "report", "data/prompts", "profiles/default"):
+        shutil.copytree(REPO / name, dst / name)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory) -> Path:
+    return _copy_workflow(tmp_path_factory.mktemp("wf"))
+
+
+# --------------------------------------------------------------------------------------------
+# Reasons and the dry-run text
+
+
+def test_classify_missing_and_upstream():
+    r = classify_reason("Missing output files: a/x.json; Input files updated by another job: "
+                        "a/b.jsonl, a/c.json")
+    assert r == [(MISSING, "a/x.json"), (UPSTREAM, "a/b.jsonl, a/c.json")]
+
+
+def test_classify_code_hash_change_is_changed_code_not_params():
+    r = classify_reason("Params have changed since last execution: Union of exclusive params "
+                        "before and now across all output: before: '4d7df3ae77ab0137' now: "
+                        "'56eec4d6ac4e944b' ")
+    assert [c for c, _ in r] == [CODE]
+
+
+def test_classify_params_and_code_together_and_stale_input():
+    r = classify_reason("Updated input files: data/p.jsonl; Params have changed since last "
+                        "execution: Union of exclusive params before and now across all output: "
+                        "before: 16,'aaaaaaaaaaaaaaaa' now: 8,'bbbbbbbbbbbbbbbb' ")
+    cats = dict(r)
+    assert list(cats) == [STALE, CODE, PARAMS]
+    assert cats[STALE] == "data/p.jsonl"
+    assert "16" in cats[PARAMS] and "8" in cats[PARAMS]
+
+
+DRY_RUN_TEXT = """\
+Building DAG of jobs...
+[Sun Nov 29 10:54:50 2026]
+rule tokenize:
+    input: r/responses.jsonl
+    output: r/tok.jsonl, r/meta.json
+    jobid: 3
+    reason: Input files updated by another job: r/responses.jsonl
+    resources: tmpdir=/tmp
+Shell command: None
+[Sun Nov 29 10:54:50 2026]
+rule extract:
+    input: r/tok.jsonl
+    output: r/shard_1
+    jobid: 5
+    reason: Missing output files: r/shard_1
+    wildcards: k=1
+    resources: tmpdir=/tmp, gpu=8
+Shell command: None
+[Sun Nov 29 10:54:50 2026]
+rule regenerate:
+    input: r/prompts.jsonl
+    output: r/responses.jsonl
+    jobid: 2
+    reason: Missing output files: r/responses.jsonl
+    resources: tmpdir=/tmp, gpu=8
+Shell command: None
+[Sun Nov 29 10:54:50 2026]
+rule all:
+    input: r/shard_1
+    jobid: 0
+    reason: Input files updated by another job: r/shard_1
+    resources: tmpdir=/tmp
+Job stats:
+"""
+
+
+def test_parse_dry_run_and_gpu_order_follow_dependencies_not_print_order():
+    jobs = parse_dry_run(DRY_RUN_TEXT)
+    assert [j.rule for j in jobs] == ["tokenize", "extract", "regenerate"]  # `all` left out
+    assert [j.gpu for j in jobs] == [False, True, True]
+    assert jobs[1].wildcards == "k=1" and jobs[0].outputs == ["r/tok.jsonl", "r/meta.json"]
+    order = gpu_stages(jobs)
+    assert [s["rule"] for s in order] == ["regenerate", "extract"]
+    assert order[1]["waits_on_cpu"] == ["tokenize"]
+
+
+# --------------------------------------------------------------------------------------------
+# Real dry runs on a copy of the workflow
+
+
+def test_fresh_default_plan(workflow, monkeypatch, capsys):
+    started = time.perf_counter()
+    plan = make_plan(cwd=workflow)
+    assert time.perf_counter() - started < 30
+    assert not (workflow / "results").exists()  # a dry run writes nothing
+    rules = [s["rule"] for s in plan["stages"]]
+    assert set(rules) >= {"build_tiny_target", "prepare_prompts", "draft_config",
+                          "regenerate_responses", "tokenize", "build_vocab_mapping",
+                          "plan_hidden_states", "extract_hidden_states", "train_draft",
+                          "export_draft", "evaluate_acceptance"}
+    assert rules.index("tokenize") < rules.index("extract_hidden_states") < rules.index("train_draft")
+    assert all(s["why"] == MISSING for s in plan["stages"])
+    assert [s["rule"] for s in plan["gpu_order"]] == GPU_ORDER
+    assert plan["gpu_order"][1]["jobs"] == 4
+    assert plan["gpu_order"][1]["waits_on_cpu"] == ["tokenize", "plan_hidden_states"]
+    assert plan["gpu_order"][3]["waits_on_cpu"] == ["export_draft"]
+
+    hs = plan["hidden_states"]
+    lines = sum(1 for ln in (REPO / "data/prompts/default.jsonl").read_text().splitlines() if ln.strip())
+    assert hs["samples"] == lines - 16 and hs["tokens_per_sample"] == 512
+    assert hs["hidden_size"] == 128 and hs["dtype_bytes"] == 2
+    assert hs["bytes"] == (lines - 16) * 512 * 4 * 128 * 2
+
+    monkeypatch.chdir(workflow)
+    assert cli.main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU rules in run order:" in out and "extract_hidden_states x4" in out
+    assert "regenerate_responses [GPU]" in out and "missing output" in out
+
+
+def test_kimi_plan_is_offline_and_estimates_from_config(workflow, monkeypatch, capsys):
+    monkeypatch.chdir(workflow)
+    assert cli.main(["plan", "--configfile", "config/kimi-k2.5.yaml", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["run_dir"] == "results/kimi-k2.5"
+    assert "build_tiny_target" not in [s["rule"] for s in plan["stages"]]
+    assert [s["rule"] for s in plan["gpu_order"]] == GPU_ORDER
+    assert plan["gpu_order"][1]["jobs"] == 100
+    hs = plan["hidden_states"]
+    assert (hs["samples"], hs["tokens_per_sample"], hs["hidden_size"]) == (9800, 2000, 7168)
+    assert hs["bytes"] == 9800 * 2000 * 4 * 7168 * 2
+    assert hs["basis"].startswith("estimate")
+
+
+def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):
+    # Run the one cheap stage for real, so Snakemake has metadata and outputs to compare with.
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "results/default/prompts/prompts.jsonl",
+                           "--cores", "1"], cwd=workflow, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = make_plan(cwd=workflow)
+    stages = {s["rule"]: s for s in plan["stages"]}
+    assert "prepare_prompts" not in stages  # up to date
+    assert stages["regenerate_responses"]["why"] == MISSING
+    # The estimate now counts the prompts that were actually kept.
+    stats = json.loads((workflow / "results/default/prompts/prompts_stats.json").read_text())
+    assert plan["hidden_states"]["samples"] == stats["train"]
+
+    # A changed param: named, with the values before and now.
+    cfg = yaml.safe_load((workflow / "config/config.yaml").read_text())
+    cfg["prompts"]["eval_samples"] = 8
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(cfg))
+    plan = make_plan(cwd=workflow, configfiles=[str(changed)])
+    stages = {s["rule"]: s for s in plan["stages"]}
+    prep = stages["prepare_prompts"]
+    assert prep["why"] == PARAMS and list(prep["reasons"]) == [PARAMS]
+    assert "before: 16" in prep["details"][PARAMS] and "now: 8" in prep["details"][PARAMS]
+    assert "prepare_prompts" in stages["regenerate_responses"]["upstream"]
+    # prepare_prompts will rerun, so its stats no longer count: back to the config estimate.
+    assert plan["hidden_states"]["basis"].startswith("estimate: samples from config")
+
+    # Edited prompts (Snakemake compares the recorded checksum, so content must change).
+    prompts = workflow / "data/prompts/default.jsonl"
+    with open(prompts, "a") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "One more prompt?"}]}) + "\n")
+    plan = make_plan(cwd=workflow)
+    prep = {s["rule"]: s for s in plan["stages"]}["prepare_prompts"]
+    assert prep["why"] == STALE and "default.jsonl" in prep["details"][STALE]
+
+
+def test_estimate_uses_measured_tokens_when_tokenized_data_stays(tmp_path):
+    run = tmp_path / "results/x"
+    (run / "tokenized").mkdir(parents=True)
+    (run / "tokenized/metadata.json").write_text(json.dumps({"tokens_total": 1000,
+                                                              "samples_out": 7}))
+    cfg = {"run_dir": "results/x", "target": {"path": "org/model", "hidden_size": 64},
+           "hidden_states": {"dtype": "float32", "num_shards": 2},
+           "prompts": {"sources": [{"name": "h", "type": "hf"}], "eval_samples": 1}}
+    hs = estimate_hidden_states(cfg, tmp_path)
+    assert hs["bytes"] == 1000 * 4 * 64 * 4 and hs["basis"].startswith("measured")
+    hs = estimate_hidden_states(cfg, tmp_path, rebuilding={"tokenize"})
+    assert hs["bytes"] is None and "samples" in hs["basis"]  # an hf source without a size
