@@ -4,6 +4,9 @@
 configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/vocab.smk"
@@ -17,6 +20,7 @@ rule all:
         acceptance=f"{RUN}/eval/acceptance.json",
         draft=f"{RUN}/draft",
         coverage=f"{RUN}/vocab/vocab_coverage.json",
+        summary=f"{RUN}/run_summary.csv",
 
 
 onsuccess:

@@ -78,7 +78,7 @@ def acceptance_from_counters(before: dict, after: dict, k: int) -> dict:
         "num_draft_tokens": int(draft_tokens),
         "num_accepted_tokens": int(accepted),
         # Each target step yields the accepted draft tokens plus the one the target adds.
-        "mean_acceptance_length": 1.0 + accepted / drafts,
+        "mean_acceptance_length": 1.0 + accepted / drafts,  # vLLM's definition: per draft
         "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
         "per_position_acceptance": [a / drafts for a in per_pos],
     }
@@ -119,6 +119,13 @@ def evaluate_method(server: Server, prompts: list[dict], *, k: int, max_tokens: 
                   "per_position_acceptance": None}
     result.update({"output_tokens": tokens, "seconds": round(seconds, 3),
                    "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None})
+    # vLLM's figure averages over the steps that drafted; n-gram drafts only where it finds a
+    # match. Tokens per target step over ALL steps is what a user gets, so that is the headline
+    # `mean_acceptance_length`; vLLM's own figure stays as `..._per_draft`. Every target step
+    # yields one token of its own plus the drafts it accepted.
+    accepted = result.get("num_accepted_tokens", 0)
+    result["mean_acceptance_length_per_draft"] = result["mean_acceptance_length"]
+    result["mean_acceptance_length"] = tokens / (tokens - accepted) if tokens > accepted else 1.0
     return result, outs
 
 

@@ -23,8 +23,13 @@ from eaglenest.server import SERVED_NAME, Server, check_alive
 log = logging.getLogger(__name__)
 
 
+# Bump when the record format changes, so a rerun does not resume from old-format answers.
+RECORD_FORMAT = 2
+
+
 def progress_path(run_dir, model: str, sampling: dict) -> Path:
-    spec = json.dumps({"model": model, "sampling": sampling}, sort_keys=True)
+    spec = json.dumps({"model": model, "sampling": sampling, "format": RECORD_FORMAT},
+                      sort_keys=True)
     key = hashlib.sha256(spec.encode()).hexdigest()[:12]
     return Path(run_dir) / ".eaglenest" / "regenerate" / f"progress-{key}.jsonl"
 
@@ -82,8 +87,8 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
                 reply["reasoning_content"] = reasoning
             return {"id": prompt["id"], "messages": [*prompt["messages"], reply],
                     "finish_reason": choice.finish_reason,
-                    "prompt_token_ids": (res.model_extra or {}).get("prompt_token_ids"),
-                    "completion_token_ids": (choice.model_extra or {}).get("token_ids")}
+                    "prompt_token_ids": getattr(res, "prompt_token_ids", None),
+                    "completion_token_ids": getattr(choice, "token_ids", None)}
         except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
             check_alive(server)  # a dead server is not worth retrying
             if attempt == max_retries:

@@ -464,7 +464,8 @@ def tokenize_responses(
         rendered = [i for i, (_, _, served) in enumerate(batch) if served is None]
         try:
             encoded_rendered = encode_conversations(
-                tokenizer, [convs[i] for i in rendered], names=[rids[i] for i in rendered])
+                tokenizer, [convs[i] for i in rendered], names=[rids[i] for i in rendered]
+            ) if rendered else []
         except EaglenestError as e:
             if e.path is not None:
                 raise

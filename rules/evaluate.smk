@@ -28,3 +28,23 @@ rule evaluate_acceptance:
         f"{RUN}/logs/evaluate_acceptance.log",
     script:
         "../scripts/evaluate_acceptance.py"
+
+
+rule run_summary:
+    input:
+        acceptance=rules.evaluate_acceptance.output.acceptance,
+        metrics=rules.train_draft.output.metrics,
+        coverage=rules.build_vocab_mapping.output.coverage,
+        plan=rules.plan_hidden_states.output.plan,
+        metadata=rules.tokenize.output.metadata,
+    output:
+        summary=report(f"{RUN}/run_summary.csv", caption="../report/run_summary.rst",
+                       category="Run"),
+    params:
+        target=TARGET,
+        lr=config["train"]["lr"],
+        code=code_hash("summary"),
+    log:
+        f"{RUN}/logs/run_summary.log",
+    script:
+        "../scripts/run_summary.py"

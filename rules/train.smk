@@ -3,7 +3,7 @@
 
 rule train_draft:
     input:
-        shards=SHARD_DIRS,
+        shards=lambda wildcards: SHARD_DIRS,  # a function: a list here makes planning quadratic
         data=rules.tokenize.output.data,
         t2d=rules.build_vocab_mapping.output.t2d_npy,
         d2t=rules.build_vocab_mapping.output.d2t_npy,

@@ -1,0 +1,160 @@
+"""Crashes mid-stage: the rerun resumes, redoes only what was unfinished, and ends identical.
+
+Each test kills the real workflow (SIGKILL to Snakemake's whole process group, as an OOM killer
+or a lost node would) part way through a stage, then reruns with `--rerun-incomplete`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, default_config, planned_jobs, snakemake, write_config
+
+pytestmark = pytest.mark.engine
+
+
+def start_snakemake(workdir: Path, configfile: Path, *targets: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--configfile", str(configfile), "--resources", "gpu=8", "--cores", "2", *targets]
+    log = open(workdir / f"killed-run-{time.time_ns()}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_when(proc: subprocess.Popen, condition, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError("the run ended before it could be interrupted")
+        if condition():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError("condition for the interruption never came")
+
+
+def wait_servers_gone(run_dir: Path, timeout: float = 60) -> None:
+    """The supervisor stops the leased server once the killed workflow is gone."""
+    from eaglenest.server import _pid_alive
+
+    starts = run_dir / ".eaglenest" / "server" / "starts.log"
+    pids = [json.loads(line)["pid"] for line in open(starts)] if starts.exists() else []
+    deadline = time.monotonic() + timeout
+    while any(_pid_alive(p) for p in pids):
+        assert time.monotonic() < deadline, "server outlived the killed workflow"
+        time.sleep(0.5)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_digests(root: Path, pattern: str) -> dict[str, str]:
+    return {str(p.relative_to(root)): digest(p) for p in sorted(root.glob(pattern))}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A workdir with the default config on 60 prompts, built up to the tokenized data."""
+    workdir = tmp_path_factory.mktemp("interrupts")
+    cfg = default_config()
+    cfg["prompts"]["sources"] = [{"name": "default", "type": "bundled", "samples": 80}]
+    cfg["prompts"]["eval_samples"] = 4
+    cfg["regenerate"]["max_tokens"] = 96
+    cfg["train"]["epochs"] = 4
+    configfile = write_config(workdir, cfg)
+    return {"workdir": workdir, "cfg": cfg, "configfile": configfile,
+            "run_dir": workdir / cfg["run_dir"]}
+
+
+def test_killed_regeneration_resumes_with_only_the_missing_prompts(small_run):
+    workdir, run_dir = small_run["workdir"], small_run["run_dir"]
+    target = f"{small_run['cfg']['run_dir']}/responses/raw_responses.jsonl"
+    progress_dir = run_dir / ".eaglenest" / "regenerate"
+
+    def answered() -> int:
+        return sum(len(p.read_text().splitlines()) for p in progress_dir.glob("progress-*.jsonl"))
+
+    proc = start_snakemake(workdir, small_run["configfile"], target)
+    kill_when(proc, lambda: progress_dir.exists() and answered() >= 20)
+    wait_servers_gone(run_dir)
+    done_before = answered()
+    assert not (run_dir / "responses" / "raw_responses.jsonl").exists()
+
+    snakemake(workdir, small_run["configfile"], "--cores", "2", "--rerun-incomplete", target)
+    log = (run_dir / "logs" / "regenerate_responses.log").read_text()
+    prompts = [json.loads(line)["id"] for line in open(run_dir / "prompts" / "prompts.jsonl")]
+    sent_line = [line for line in log.splitlines() if "to send" in line][-1]
+    assert f"{done_before} already answered" in sent_line
+    assert f"{len(prompts) - done_before} to send" in sent_line
+    rows = [json.loads(line) for line in open(run_dir / "responses" / "raw_responses.jsonl")]
+    assert [r["id"] for r in rows] == prompts  # every prompt answered once, in order
+    assert not any("error" in r for r in rows)
+
+
+def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical(small_run,
+                                                                                 tmp_path):
+    workdir, run_dir, cfg = small_run["workdir"], small_run["run_dir"], small_run["cfg"]
+    rd = cfg["run_dir"]
+    snakemake(workdir, small_run["configfile"], "--cores", "2", f"{rd}/hidden_states/plan.json",
+              f"{rd}/vocab/t2d.pt")
+    # A twin workdir, extracted without interruption, for comparison.
+    twin = tmp_path / "twin"
+    shutil.copytree(workdir, twin, symlinks=True)
+    shutil.rmtree(twin / rd / ".eaglenest", ignore_errors=True)
+    twin_cfg = write_config(twin, cfg)
+
+    shards = [f"{rd}/hidden_states/shard_{k}" for k in range(cfg["hidden_states"]["num_shards"])]
+    proc = start_snakemake(workdir, small_run["configfile"], *shards)
+    hs = run_dir / "hidden_states"
+    kill_when(proc, lambda: (hs / "shard_0").exists() and not (hs / "shard_3").exists())
+    wait_servers_gone(run_dir)
+    finished = sorted(p.name for p in hs.glob("shard_*") if p.is_dir())
+    assert 1 <= len(finished) < 4
+    # A killed shard never looks complete: only renamed, validated shards carry the name.
+    for name in finished:
+        assert (hs / name / "manifest.json").exists()
+
+    plan = snakemake(workdir, small_run["configfile"], "-n", "--rerun-incomplete", *shards)
+    assert planned_jobs(plan)["extract_hidden_states"] == 4 - len(finished)
+    snakemake(workdir, small_run["configfile"], "--cores", "2", "--rerun-incomplete", *shards)
+    snakemake(twin, twin_cfg, "--cores", "2", *shards)
+
+    ours = tree_digests(run_dir, "hidden_states/shard_*/hs_*.safetensors")
+    theirs = tree_digests(twin / rd, "hidden_states/shard_*/hs_*.safetensors")
+    assert ours and ours == theirs
+    assert tree_digests(run_dir, "vocab/*") == tree_digests(twin / rd, "vocab/*")
+
+
+def test_interrupted_training_continues_from_its_checkpoint(small_run):
+    workdir, run_dir, cfg = small_run["workdir"], small_run["run_dir"], small_run["cfg"]
+    target = f"{cfg['run_dir']}/train/train_metrics.json"
+    train_dir = run_dir / ".eaglenest" / "train"
+
+    def epochs_saved() -> int:
+        return len(list(train_dir.glob("*/checkpoints/[0-9]*/model.safetensors")))
+
+    proc = start_snakemake(workdir, small_run["configfile"], target)
+    kill_when(proc, lambda: train_dir.exists() and epochs_saved() >= 1)
+    done = epochs_saved()
+    assert done < cfg["train"]["epochs"]
+
+    snakemake(workdir, small_run["configfile"], "--cores", "2", "--rerun-incomplete", target)
+    log = (run_dir / "logs" / "train_draft.log").read_text()
+    assert f"{done} of {cfg['train']['epochs']} epochs already done (resuming)" in log
+    # speculators continued after the saved epochs instead of starting at step 0.
+    assert "Training epoch 1/" not in log.split("(resuming)")[-1]
+    metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] == done - 1
+    assert metrics["final_epoch"] == cfg["train"]["epochs"] - 1

@@ -1,0 +1,180 @@
+"""The default pipeline end to end with the real engines, and what a user relies on in its files.
+
+One session-scoped run (tests/conftest.py: `default_run`) feeds every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import GPU_RULES, job_timeline, planned_jobs, snakemake, write_config
+
+pytestmark = pytest.mark.engine
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_run_produces_a_draft_that_beats_the_untrained_one(default_run):
+    acc = json.loads((default_run["run_dir"] / "eval" / "acceptance.json").read_text())
+    for method in ("no_spec", "ngram", "untrained_draft", "draft"):
+        for key in ("mean_acceptance_length", "acceptance_rate", "per_position_acceptance",
+                    "output_tokens_per_s", "lossless"):
+            assert key in acc[method], (method, key)
+    k = default_run["config"]["evaluate"]["num_speculative_tokens"]
+    assert len(acc["draft"]["per_position_acceptance"]) == k
+    assert acc["draft"]["num_drafts"] > 0
+    assert acc["draft"]["mean_acceptance_length"] > acc["untrained_draft"]["mean_acceptance_length"]
+
+
+def test_speculation_is_lossless(default_run):
+    acc = json.loads((default_run["run_dir"] / "eval" / "acceptance.json").read_text())
+    for method in ("ngram", "untrained_draft", "draft"):
+        assert acc[method]["lossless"], (method, acc[method]["prompts_differing"])
+
+
+def test_vocab_mapping_files_follow_the_speculators_format(default_run):
+    vocab = default_run["run_dir"] / "vocab"
+    n = default_run["config"]["vocab"]["draft_vocab_size"]
+    target_cfg = json.loads((default_run["run_dir"] / "target" / "config.json").read_text())
+    t2d = torch.load(vocab / "t2d.pt", weights_only=True)
+    d2t = torch.load(vocab / "d2t.pt", weights_only=True)
+    assert t2d.dtype == torch.bool and t2d.shape == (target_cfg["vocab_size"],)
+    assert d2t.dtype == torch.int64 and d2t.shape == (n,)
+    assert int(t2d.sum()) == n
+    assert torch.equal(torch.arange(n) + d2t, t2d.nonzero().squeeze(1))
+    assert np.array_equal(np.load(vocab / "t2d.npy"), t2d.numpy())
+    assert np.array_equal(np.load(vocab / "d2t.npy"), d2t.numpy())
+
+
+def test_token_freq_counts_exactly_the_loss_masked_tokens(default_run):
+    tok = default_run["run_dir"] / "tokenized"
+    freq = torch.load(tok / "token_freq.pt", weights_only=True)
+    rows = read_jsonl(tok / "tokenized_data.jsonl")
+    masked = np.concatenate([np.asarray(r["input_ids"])[np.asarray(r["loss_mask"]) == 1]
+                             for r in rows])
+    assert freq.dtype == torch.int64
+    assert np.array_equal(freq.numpy(), np.bincount(masked, minlength=freq.shape[0]))
+    meta = json.loads((tok / "metadata.json").read_text())
+    assert meta["samples_in"] == meta["samples_out"] + sum(meta["skipped"].values())
+    assert meta["samples_out"] == len(rows)
+
+
+def test_shards_hold_the_hidden_states_of_the_tokenized_rows(default_run):
+    run = default_run["run_dir"]
+    rows = read_jsonl(run / "tokenized" / "tokenized_data.jsonl")
+    plan = json.loads((run / "hidden_states" / "plan.json").read_text())
+    seen = 0
+    for k in range(default_run["config"]["hidden_states"]["num_shards"]):
+        shard = run / "hidden_states" / f"shard_{k}"
+        manifest = json.loads((shard / "manifest.json").read_text())
+        start, stop = manifest["rows"]
+        for i in range(start, stop):
+            data = load_file(str(shard / f"hs_{i}.safetensors"))
+            assert data["token_ids"].tolist() == rows[i]["input_ids"]
+            assert data["hidden_states"].shape == (len(rows[i]["input_ids"]), 4,
+                                                   plan["hidden_size"])
+            assert data["hidden_states"].dtype == torch.bfloat16
+            assert torch.isfinite(data["hidden_states"].float()).all()
+            seen += 1
+    assert seen == len(rows)
+
+
+def test_gpu_jobs_never_overlap_and_cpu_jobs_fill_the_gaps(default_run):
+    jobs = job_timeline(default_run["log"])
+    assert {j["rule"] for j in jobs} >= GPU_RULES
+    gpu = sorted((j for j in jobs if j["rule"] in GPU_RULES), key=lambda j: j["start"])
+    for a, b in zip(gpu, gpu[1:]):
+        assert a["end"] <= b["start"], f"{a['rule']} and {b['rule']} overlapped"
+
+
+def test_one_extraction_server_serves_every_shard(default_run):
+    starts = [json.loads(line) for line in
+              open(default_run["run_dir"] / ".eaglenest" / "server" / "starts.log")]
+    keys = [s["key"] for s in starts]
+    # One start per distinct server spec: regeneration, extraction, four evaluation methods.
+    assert len(keys) == len(set(keys)) == 6
+
+
+def test_rerun_with_nothing_changed_does_nothing(default_run):
+    proc = snakemake(default_run["workdir"], default_run["configfile"], "-n")
+    assert planned_jobs(proc) == {}
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_changing_a_param_reruns_exactly_its_dependents(default_run):
+    cfg = json.loads(json.dumps(default_run["config"]))
+    cfg["evaluate"]["max_tokens"] += 8
+    proc = snakemake(default_run["workdir"], write_config(default_run["workdir"], cfg, "c1.yaml"),
+                     "-n")
+    assert set(planned_jobs(proc)) == {"evaluate_acceptance", "run_summary", "all"}
+
+    cfg = json.loads(json.dumps(default_run["config"]))
+    cfg["vocab"]["draft_vocab_size"] = 256
+    proc = snakemake(default_run["workdir"], write_config(default_run["workdir"], cfg, "c2.yaml"),
+                     "-n")
+    # A new draft vocabulary retrains, but never re-extracts hidden states or regenerates.
+    assert set(planned_jobs(proc)) == {"build_vocab_mapping", "draft_config", "train_draft",
+                                       "export_draft", "evaluate_acceptance", "run_summary",
+                                       "all"}
+
+
+def test_deleting_one_shard_rebuilds_that_shard_alone(default_run):
+    shard = default_run["run_dir"] / "hidden_states" / "shard_2"
+    backup = shard.with_name("shard_2.bak")
+    shutil.copytree(shard, backup)
+    shutil.rmtree(shard)
+    try:
+        proc = snakemake(default_run["workdir"], default_run["configfile"], "-n")
+        jobs = planned_jobs(proc)
+        assert jobs["extract_hidden_states"] == 1
+        assert "shard_2" in proc.stdout
+        assert "regenerate_responses" not in jobs and "tokenize" not in jobs
+    finally:
+        shutil.rmtree(shard, ignore_errors=True)
+        backup.rename(shard)
+
+
+def test_exported_draft_states_its_contract(default_run):
+    run = default_run["run_dir"]
+    cfg = json.loads((run / "draft" / "config.json").read_text())
+    plan = json.loads((run / "hidden_states" / "plan.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == plan["aux_layer_ids"]
+    assert cfg["draft_vocab_size"] == default_run["config"]["vocab"]["draft_vocab_size"]
+    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        assert isinstance(cfg[flag], bool)
+    assert cfg["transformer_layer_config"]["max_position_embeddings"] >= \
+        default_run["config"]["vllm"]["max_model_len"]
+    weights = load_file(str(run / "draft" / "model.safetensors"))
+    assert torch.equal(weights["d2t"], torch.load(run / "vocab" / "d2t.pt", weights_only=True))
+
+
+def test_no_server_is_left_running(default_run):
+    lease = default_run["run_dir"] / ".eaglenest" / "server" / "lease.json"
+    assert not lease.exists()
+    for start in open(default_run["run_dir"] / ".eaglenest" / "server" / "starts.log"):
+        pid = json.loads(start)["pid"]
+        assert not _alive(pid), f"server pid {pid} still running"
+
+
+def _alive(pid: int) -> bool:
+    from eaglenest.server import _pid_alive
+
+    return _pid_alive(pid)
+
+
+def test_report_renders_after_a_run(default_run):
+    report = default_run["workdir"] / "report.html"
+    snakemake(default_run["workdir"], default_run["configfile"], "--report", str(report))
+    html = report.read_text(errors="replace")
+    for item in ("vocab_coverage.png", "train_curves.png", "acceptance.csv",
+                 "per_position_acceptance.png", "run_summary.csv"):
+        assert item in html, item
