@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,12 +91,27 @@ def log_tail(path, lines: int = 40) -> str:
     return "\n".join(text[-lines:])
 
 
+# vLLM's unix sockets live under VLLM_RPC_BASE_PATH; a socket path may not exceed 107 bytes and
+# vLLM appends about 50, and sockets on network file systems can fail.
+_SOCKET_ROOM = 50
+
+
+def socket_dir(run_dir) -> Path:
+    """The run's own tmp folder when its path is short enough, else a short one in /tmp named
+    after the run (removed by `Lease.release`)."""
+    own = Path(run_dir).resolve() / ".eaglenest" / "tmp"
+    if len(str(own)) + _SOCKET_ROOM <= 107:
+        return own
+    base = os.environ.get("SLURM_TMPDIR") or "/tmp"
+    return Path(base) / f"eaglenest-{hashlib.sha256(str(own).encode()).hexdigest()[:10]}"
+
+
 def engine_env(run_dir) -> dict[str, str]:
     """Variables that keep vLLM's sockets, caches and temp files inside the run's own folder."""
     root = Path(run_dir).resolve() / ".eaglenest"
     dirs = {
-        "TMPDIR": root / "tmp",
-        "VLLM_RPC_BASE_PATH": root / "tmp",
+        "TMPDIR": socket_dir(run_dir),
+        "VLLM_RPC_BASE_PATH": socket_dir(run_dir),
         "VLLM_CACHE_ROOT": root / "cache" / "vllm",
         "XDG_CACHE_HOME": root / "cache",
         "TRITON_CACHE_DIR": root / "cache" / "triton",
@@ -269,6 +285,9 @@ class Lease:
                 log.info("stopping vLLM server pid %d", server.pid)
                 stop_pid(server.pid)
             self._record(None)
+            scratch = socket_dir(self.run_dir)
+            if not scratch.is_relative_to(self.run_dir.resolve()):
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def count_starts(self) -> int:
         path = self.dir / "starts.log"
