@@ -418,8 +418,8 @@ def test_snakemake_adapter(tmp_path, make_target):
     responses = write_rows(tmp_path / "raw.jsonl", [conv()])
     out = tmp_path / "out"
     sm = types.SimpleNamespace(
-        input=types.SimpleNamespace(responses=str(responses), target=str(target)),
-        params=types.SimpleNamespace(max_seq_len=64, overlong="drop", target_name="t", target_revision=None),
+        input=types.SimpleNamespace(responses=str(responses), target=str(target / "config.json")),
+        params=types.SimpleNamespace(target=str(target), max_seq_len=64, overlong="drop", target_name="t", target_revision=None),
         output=types.SimpleNamespace(data=str(out / "d.jsonl"), freq=str(out / "f.pt"), metadata=str(out / "m.json")),
         log=[str(tmp_path / "log.txt")],
     )
