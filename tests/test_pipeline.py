@@ -178,3 +178,22 @@ def test_report_renders_after_a_run(default_run):
     for item in ("vocab_coverage.png", "train_curves.png", "acceptance.csv",
                  "per_position_acceptance.png", "run_summary.csv"):
         assert item in html, item
+
+
+def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run, tmp_path):
+    from eaglenest.hidden_states import extract_shard_transformers
+
+    run = default_run["run_dir"]
+    plan = json.loads((run / "hidden_states" / "plan.json").read_text())
+    num_shards = default_run["config"]["hidden_states"]["num_shards"]
+    extract_shard_transformers(str(run / "target"), run / "tokenized" / "tokenized_data.jsonl",
+                               tmp_path / "shard_0", shard=0, num_shards=num_shards,
+                               aux_layer_ids=plan["aux_layer_ids"], dtype="bfloat16", meta={})
+    vllm_files = sorted((run / "hidden_states" / "shard_0").glob("hs_*.safetensors"))
+    assert vllm_files
+    for f in vllm_files:
+        ours, theirs = load_file(str(tmp_path / "shard_0" / f.name)), load_file(str(f))
+        assert torch.equal(ours["token_ids"], theirs["token_ids"])
+        # Same layers, same slot order (the last is the input of the final norm); both bf16.
+        torch.testing.assert_close(ours["hidden_states"].float(),
+                                   theirs["hidden_states"].float(), atol=2e-2, rtol=2e-2)
