@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eaglenest.snakemake_log import parse_jobs
+
 DEFAULT_GPU_RULES = ("regenerate_responses", "extract_hidden_states", "train_draft",
                      "evaluate_acceptance")
 TOLERANCE_S = 1.5  # log timestamps have whole seconds
@@ -82,98 +84,36 @@ class Invocation:
 # Reading
 
 
-_STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
-_HEADER = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
-_FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\S+)\)")
-_ERROR = re.compile(r"^Error in rule (\S+):")
 _ELAPSED = re.compile(r"^Elapsed time: (?:(\d+) days?, )?(\d+):(\d\d):(\d\d(?:\.\d+)?)")
 
 
-def _stamp(text: str) -> float:
-    return time.mktime(time.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y"))
-
-
-def _files(value: str) -> list[str]:
-    return [f for f in (s.strip() for s in value.split(", ")) if f]
-
-
 def parse_log(path: Path, index: int, gpu_rules) -> Invocation:
-    lines = path.read_text(errors="replace").splitlines()
+    text = path.read_text(errors="replace")
     name = re.match(r"(\d{4}-\d\d-\d\dT\d{6}\.\d+)", path.name)
     start = (dt.datetime.strptime(name.group(1), "%Y-%m-%dT%H%M%S.%f").timestamp() if name
              else path.stat().st_mtime)
     inv = Invocation(index=index, log=path.name, start=start)
-    by_jobid: dict[int, Job] = {}
-    stamp = None
-    current: Job | None = None
-    error_job: Job | None = None
-    for line in lines:
+    for line in text.splitlines():  # the invocation as a whole; the jobs come from parse_jobs
         if line.startswith("  Command:"):
             cmd = line.split(":", 1)[1].split()
             inv.dry_run = any(a in ("-n", "--dry-run", "--dryrun") or
                               (a.startswith("-") and not a.startswith("--") and "n" in a[1:]
                                and a[1:].isalpha()) for a in cmd[1:])
-            continue
-        m = _STAMP.match(line)
-        if m:
-            stamp = _stamp(m.group(1))
-            current = error_job = None
-            continue
-        m = _HEADER.match(line)
-        if m and stamp is not None:
-            current = Job(rule=m.group(1), start=stamp, invocation=index)
-            inv.jobs.append(current)
-            continue
-        m = _FINISHED.match(line)
-        if m and stamp is not None:
-            job = by_jobid.get(int(m.group(1)))
-            if job is not None:
-                job.end, job.status = stamp, "finished"
-            continue
-        m = _ERROR.match(line)
-        if m and stamp is not None:
-            error_job = Job(rule=m.group(1), start=stamp)
+        elif line.startswith(("Error in rule ", "At least one job did not complete successfully")):
             inv.failed = True
-            continue
-        if line.startswith("Terminating processes on user request"):
+        elif line.startswith("Terminating processes on user request"):
             inv.state = "interrupted"
-            continue
-        if line.startswith("At least one job did not complete successfully"):
-            inv.failed = True
-            continue
-        m = _ELAPSED.match(line)
-        if m:
+        elif m := _ELAPSED.match(line):
             days, h, mi, s = m.groups()
             inv.end = inv.start + int(days or 0) * 86400 + int(h) * 3600 + int(mi) * 60 + float(s)
+    for rec in parse_jobs(text):
+        if rec.start is None or not rec.outputs:  # `all` has no outputs
             continue
-        if line.startswith("    ") and ": " in line:
-            key, _, value = line.strip().partition(": ")
-            if error_job is not None and key == "jobid":
-                job = by_jobid.get(int(value))
-                if job is not None and job.status == "running":
-                    job.end, job.status = error_job.start, "failed"
-                continue
-            if current is None:
-                continue
-            if key == "jobid":
-                current.jobid = int(value)
-                by_jobid[current.jobid] = current
-            elif key == "input":
-                current.inputs = _files(value)
-            elif key == "output":
-                current.outputs = _files(value)
-            elif key == "wildcards":
-                current.wildcards = value
-            elif key == "resources":
-                res = dict(item.partition("=")[::2] for item in value.split(", "))
-                try:
-                    current.gpu = float(res.get("gpu", 0) or 0) > 0
-                except ValueError:
-                    current.gpu = True
-    inv.jobs = [j for j in inv.jobs if j.outputs]  # `all` has no outputs
-    for job in inv.jobs:
-        if not job.gpu and job.rule in gpu_rules and not job.inputs:
-            job.gpu = True
+        inv.jobs.append(Job(
+            rule=rec.rule, start=rec.start.timestamp(), jobid=rec.jobid,
+            end=rec.end.timestamp() if rec.end is not None else None, status=rec.status,
+            wildcards=rec.wildcards, inputs=rec.inputs, outputs=rec.outputs, invocation=index,
+            gpu=rec.gpu or (rec.rule in gpu_rules and not rec.inputs)))
     if inv.failed and inv.state != "interrupted":
         inv.state = "failed"
     if inv.end is None:  # still running, or killed: the last thing it said

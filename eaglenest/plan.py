@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eaglenest.errors import EaglenestError
+from eaglenest.snakemake_log import parse_jobs, requests_gpu, split_files
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
-GPU_RESOURCES = ("gpu", "gpus", "nvidia_gpu")
 
 # Reasons, in the order they are named when a job has several.
 MISSING, INCOMPLETE, STALE, CODE, PARAMS, INPUT_SET, RULE_CODE, SOFTWARE, FORCED, UPSTREAM, OTHER = (
@@ -60,7 +60,6 @@ _SEGMENT_SPLIT = re.compile(
     r"; (?=" + "|".join(re.escape(p) for p, _ in _REASON_PREFIXES) + r"|Rules with|Output file|Job provides)"
 )
 _CODE_HASH = re.compile(r"'[0-9a-f]{16}'")
-_JOB_HEADER = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
 _CONFIGFILE = re.compile(r"^configfile:\s*[\"']([^\"']+)[\"']", re.M)
 
 
@@ -77,13 +76,7 @@ class Job:
 
     @property
     def gpu(self) -> bool:
-        for key in GPU_RESOURCES:
-            try:
-                if float(self.resources.get(key, 0)) > 0:
-                    return True
-            except ValueError:
-                return True
-        return False
+        return requests_gpu(self.resources)
 
     @property
     def label(self) -> str:
@@ -109,42 +102,12 @@ def dry_run(snakemake_args: list[str], cwd=None, env=None) -> str:
     return proc.stdout
 
 
-def _split_files(value: str) -> list[str]:
-    return [f for f in (s.strip() for s in value.split(", ")) if f]
-
-
 def parse_dry_run(text: str) -> list[Job]:
     """The job blocks of a `snakemake -n` output, in printed order (`rule all` left out)."""
-    jobs: list[Job] = []
-    job: Job | None = None
-    for line in text.splitlines():
-        m = _JOB_HEADER.match(line)
-        if m:
-            job = Job(rule=m.group(1))
-            jobs.append(job)
-            continue
-        if job is None:
-            continue
-        if not line.startswith("    ") or ": " not in line:
-            job = None
-            continue
-        key, _, value = line.strip().partition(": ")
-        if key == "input":
-            job.inputs = _split_files(value)
-        elif key == "output":
-            job.outputs = _split_files(value)
-        elif key == "jobid":
-            job.jobid = int(value)
-        elif key == "wildcards":
-            job.wildcards = value
-        elif key == "reason":
-            job.reason = value
-            job.reasons = classify_reason(value)
-        elif key == "resources":
-            for item in value.split(", "):
-                k, _, v = item.partition("=")
-                job.resources[k.strip()] = v.strip()
-    return [j for j in jobs if j.outputs]  # a target rule (`all`) has no outputs
+    return [Job(rule=r.rule, jobid=-1 if r.jobid is None else r.jobid, wildcards=r.wildcards,
+                inputs=r.inputs, outputs=r.outputs, resources=r.resources, reason=r.reason,
+                reasons=classify_reason(r.reason))
+            for r in parse_jobs(text) if r.outputs]  # a target rule (`all`) has no outputs
 
 
 def classify_reason(reason: str) -> list[tuple[str, str]]:
@@ -478,7 +441,7 @@ def stage_summary(jobs: list[Job]) -> list[dict]:
         for category, detail in j.reasons:
             st["reasons"][category] = st["reasons"].get(category, 0) + 1
             if category == UPSTREAM:
-                st["upstream"].update(producer_rule.get(f, f) for f in _split_files(detail))
+                st["upstream"].update(producer_rule.get(f, f) for f in split_files(detail))
             elif detail and category not in (MISSING,):
                 st["details"].setdefault(category, _clip(detail, 200))
     out = []

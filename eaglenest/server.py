@@ -74,7 +74,7 @@ class Server:
         return f"{self.base_url}/v1"
 
     def alive(self) -> bool:
-        return _pid_alive(self.pid)
+        return pid_alive(self.pid)
 
     def healthy(self) -> bool:
         return self.alive() and _http_ok(f"{self.base_url}/health")
@@ -131,7 +131,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -156,7 +156,7 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
 
 def stop_pid(pid: int, grace_s: float = 30.0) -> None:
     """SIGTERM the process (and its process group, which it leads), then SIGKILL after grace."""
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -167,7 +167,7 @@ def stop_pid(pid: int, grace_s: float = 30.0) -> None:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.2)
 

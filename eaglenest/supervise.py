@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from eaglenest.server import _pid_alive
+from eaglenest.server import pid_alive
 
 
 def main(argv: list[str]) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     while child.poll() is None:
-        if not _pid_alive(watch_pid):
+        if not pid_alive(watch_pid):
             stop()
         time.sleep(1.0)
     return child.returncode

@@ -7,11 +7,12 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+
+from eaglenest.snakemake_log import parse_jobs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -53,23 +54,14 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
             if line.strip()}
 
 
-_STAMP = r"\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]"
-
-
 def job_timeline(log_text: str) -> list[dict]:
-    """Start and end of every job from Snakemake's own log: rule, jobid, start, end."""
-    starts, ends = {}, {}
-    for m in re.finditer(_STAMP + r"\n(?:local)?(?:rule|checkpoint) (\w+):\n(?:.*\n)*?\s+jobid: (\d+)",
-                         log_text):
-        starts[int(m.group(3))] = (m.group(2), _parse(m.group(1)))
-    for m in re.finditer(_STAMP + r"\nFinished jobid: (\d+) \(Rule: (\w+)\)", log_text):
-        ends[int(m.group(2))] = _parse(m.group(1))
-    return [{"jobid": j, "rule": rule, "start": t, "end": ends.get(j)}
-            for j, (rule, t) in sorted(starts.items())]
-
-
-def _parse(stamp: str) -> datetime:
-    return datetime.strptime(re.sub(" +", " ", stamp), "%a %b %d %H:%M:%S %Y")
+    """Start and end (None unless it finished) of every job in Snakemake's own log, by jobid:
+    dicts with jobid, rule, start, end (datetimes)."""
+    started = {j.jobid: j for j in parse_jobs(log_text)
+               if j.jobid is not None and j.start is not None}
+    return [{"jobid": i, "rule": j.rule, "start": j.start,
+             "end": j.end if j.status == "finished" else None}
+            for i, j in sorted(started.items())]
 
 
 @pytest.fixture(scope="session")

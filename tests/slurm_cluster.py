@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from eaglenest.server import free_port, pid_alive
+
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "sinfo", "scancel", "munged"]
 CLIENTS = ["srun", "sbatch", "squeue", "scancel", "scontrol", "sinfo", "sacct"]
@@ -74,25 +76,6 @@ def ensure_installed(log=print) -> None:
         raise ClusterUnavailable(f"still missing after install: {missing_binaries()}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie still answers kill(0)
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().split()[0])
@@ -103,7 +86,7 @@ def _read_pid(path: Path) -> int | None:
 def _stop_pid(pid: int, grace_s: float = 15.0) -> None:
     """SIGTERM, wait, then SIGKILL: one process, by its PID."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
@@ -111,7 +94,7 @@ def _stop_pid(pid: int, grace_s: float = 15.0) -> None:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 return
             time.sleep(0.1)
 
@@ -190,7 +173,7 @@ class Cluster:
                 f">> {self.timeline_path}\n"
                 "exit 0\n")
             os.chmod(script, 0o755)
-        ctld_port, d_port = _free_port(), _free_port()
+        ctld_port, d_port = free_port(), free_port()
         node, socket_path = self.node, s / "munge" / "munge.socket"
         partitions = "\n".join(
             f"PartitionName={p} Nodes={node} Default={'YES' if p == PARTITIONS[0] else 'NO'} "
@@ -268,7 +251,7 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             pid = _read_pid(pid_file)
-            if pid and _pid_alive(pid):
+            if pid and pid_alive(pid):
                 return
             time.sleep(0.1)
         raise ClusterError(f"{name} did not start (exit {r.returncode}): "
@@ -314,7 +297,7 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
         """Cancel jobs, then stop slurmd, slurmctld and munged by the PIDs in their pid files."""
         with contextlib.suppress(Exception):
             pid = _read_pid(self.pid_files["slurmctld"])
-            if pid and _pid_alive(pid):
+            if pid and pid_alive(pid):
                 self.cancel_all()
         for name, pid_file in self.pid_files.items():
             pid = _read_pid(pid_file)

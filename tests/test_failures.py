@@ -330,10 +330,10 @@ def started_pids(monkeypatch):
 
 
 def assert_server_gone(pids: list[int]) -> None:
-    from eaglenest.server import _pid_alive
+    from eaglenest.server import pid_alive
 
     assert len(pids) == 1, pids
-    assert not _pid_alive(pids[0]), f"server pid {pids[0]} still running"
+    assert not pid_alive(pids[0]), f"server pid {pids[0]} still running"
     assert not procs_in_group(pids[0]), f"server processes left: {procs_in_group(pids[0])}"
 
 

@@ -46,12 +46,12 @@ def kill_when(proc: subprocess.Popen, condition, timeout: float = 600) -> None:
 
 def wait_servers_gone(run_dir: Path, timeout: float = 60) -> None:
     """The supervisor stops the leased server once the killed workflow is gone."""
-    from eaglenest.server import _pid_alive
+    from eaglenest.server import pid_alive
 
     starts = run_dir / ".eaglenest" / "server" / "starts.log"
     pids = [json.loads(line)["pid"] for line in open(starts)] if starts.exists() else []
     deadline = time.monotonic() + timeout
-    while any(_pid_alive(p) for p in pids):
+    while any(pid_alive(p) for p in pids):
         assert time.monotonic() < deadline, "server outlived the killed workflow"
         time.sleep(0.5)
 

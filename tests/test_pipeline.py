@@ -166,9 +166,9 @@ def test_no_server_is_left_running(default_run):
 
 
 def _alive(pid: int) -> bool:
-    from eaglenest.server import _pid_alive
+    from eaglenest.server import pid_alive
 
-    return _pid_alive(pid)
+    return pid_alive(pid)
 
 
 def test_report_renders_after_a_run(default_run):

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,8 @@ from eaglenest.plan import (  # noqa: E402
     make_plan,
     parse_dry_run,
 )
+from eaglenest.snakemake_log import parse_jobs  # noqa: E402
+from conftest import job_timeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft",
@@ -124,6 +127,41 @@ def test_parse_dry_run_and_gpu_order_follow_dependencies_not_print_order():
     order = gpu_stages(jobs)
     assert [s["rule"] for s in order] == ["regenerate", "extract"]
     assert order[1]["waits_on_cpu"] == ["tokenize"]
+
+
+# The same text as a run's log (eaglenest.snakemake_log, the one parser of Snakemake's output):
+# tokenize finishes, extract fails, regenerate is still running.
+RUN_LOG_TEXT = DRY_RUN_TEXT.replace("Job stats:\n", "") + """\
+[Sun Nov 29 10:54:58 2026]
+Finished jobid: 3 (Rule: tokenize)
+[Sun Nov 29 10:55:01 2026]
+Error in rule extract:
+    message: None
+    jobid: 5
+    output: r/shard_1
+"""
+
+
+def test_log_parser_reads_ends_and_failures():
+    stamp = datetime(2026, 11, 29, 10, 54, 50)
+    tok, ext, regen, all_ = parse_jobs(RUN_LOG_TEXT)
+    assert (tok.jobid, tok.start, tok.end, tok.status) == (
+        3, stamp, datetime(2026, 11, 29, 10, 54, 58), "finished")
+    assert (ext.jobid, ext.end, ext.status, ext.resources["gpu"]) == (
+        5, datetime(2026, 11, 29, 10, 55, 1), "failed", "8")
+    assert (regen.end, regen.status) == (None, "running")
+    assert (all_.rule, all_.outputs, all_.inputs) == ("all", [], ["r/shard_1"])
+    assert [j.rule for j in parse_dry_run(RUN_LOG_TEXT)] == ["tokenize", "extract", "regenerate"]
+
+
+def test_job_timeline_keeps_its_shape():
+    stamp = datetime(2026, 11, 29, 10, 54, 50)
+    assert job_timeline(RUN_LOG_TEXT) == [
+        {"jobid": 0, "rule": "all", "start": stamp, "end": None},
+        {"jobid": 2, "rule": "regenerate", "start": stamp, "end": None},
+        {"jobid": 3, "rule": "tokenize", "start": stamp, "end": datetime(2026, 11, 29, 10, 54, 58)},
+        {"jobid": 5, "rule": "extract", "start": stamp, "end": None},  # failed: no end
+    ]
 
 
 # --------------------------------------------------------------------------------------------
