@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the record format changes, so a rerun does not resume from old-format answers.
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3
 
 
 def progress_path(run_dir, model: str, sampling: dict) -> Path:
@@ -79,16 +79,19 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
             res = await client.chat.completions.create(
                 model=SERVED_NAME, messages=prompt["messages"],
                 extra_body={"return_token_ids": True}, **sampling)
-            choice = res.choices[0]
-            extra = choice.message.model_extra or {}
-            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
-            reply = {"role": "assistant", "content": choice.message.content or ""}
-            if reasoning:
-                reply["reasoning_content"] = reasoning
-            return {"id": prompt["id"], "messages": [*prompt["messages"], reply],
-                    "finish_reason": choice.finish_reason,
-                    "prompt_token_ids": getattr(res, "prompt_token_ids", None),
-                    "completion_token_ids": getattr(choice, "token_ids", None)}
+            prompt_ids = getattr(res, "prompt_token_ids", None)
+            responses = []
+            for choice in res.choices:
+                extra = choice.message.model_extra or {}
+                reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+                reply = {"role": "assistant", "content": choice.message.content or ""}
+                if reasoning:
+                    reply["reasoning_content"] = reasoning
+                responses.append({"messages": [*prompt["messages"], reply],
+                                  "finish_reason": choice.finish_reason,
+                                  "prompt_token_ids": prompt_ids,
+                                  "completion_token_ids": getattr(choice, "token_ids", None)})
+            return {"id": prompt["id"], "responses": responses}
         except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
             check_alive(server)  # a dead server is not worth retrying
             if attempt == max_retries:
@@ -122,6 +125,16 @@ async def _regenerate(server: Server, todo: list[dict], sampling: dict, concurre
     await client.close()
 
 
+def response_rows(record: dict) -> list[dict]:
+    """One `raw_responses.jsonl` row per sampled response (`n` of them per prompt)."""
+    pid = record["id"]
+    if "error" in record:
+        return [{"id": pid, "prompt_id": pid, "error": record["error"]}]
+    many = len(record["responses"]) > 1
+    return [{"id": f"{pid}:{k}" if many else pid, "prompt_id": pid, **r}
+            for k, r in enumerate(record["responses"])]
+
+
 def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, sampling: dict,
                          concurrency: int = 8, max_retries: int = 3,
                          request_timeout_s: float = 600.0) -> dict:
@@ -146,11 +159,11 @@ def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, sam
                 continue
             if row["id"] not in final or "error" in final[row["id"]]:
                 final[row["id"]] = row
-    rows = [final[p["id"]] for p in prompts]
-    write_jsonl(out_path, rows)
-    failed = sum("error" in r for r in rows)
+    write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
+    failed = sum("error" in final[p["id"]] for p in prompts)
     counts = {"prompts": len(prompts), "sent": len(todo), "resumed": len(prompts) - len(todo),
-              "answered": len(rows) - failed, "failed": failed}
+              "answered": len(prompts) - failed, "failed": failed,
+              "responses": sum(len(final[p["id"]].get("responses", ())) for p in prompts)}
     log.info("regeneration done: %s", counts)
     return counts
 

@@ -3,8 +3,12 @@
 The embedded default trains a draft for this model end to end on a CPU. It is a real
 `LlamaForCausalLM` with a real byte-level BPE tokenizer trained on the bundled prompts and a
 ChatML chat template with thinking markers, so vLLM serves it and the template, loss-mask and
-vocabulary stages work on it exactly as on a production target. Its weights are random (seeded):
-what the draft must learn is the target's own behaviour, whatever that is.
+vocabulary stages work on it exactly as on a production target.
+
+Its weights are briefly trained (seeded, a few hundred steps on the bundled prompts rendered as
+chat turns) rather than left random: a random network answers every prompt with a token loop,
+which n-gram lookup predicts trivially and which no served model produces. A little training
+gives the target what real ones have: text it prefers, turns it ends with its end-of-turn token.
 """
 
 from __future__ import annotations
@@ -76,6 +80,36 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     return fast
 
 
+def pretrain(model, tokenizer, texts: list[str], *, steps: int, seed: int, seq_len: int = 128,
+             batch_size: int = 8, lr: float = 3e-3, answer_texts: int = 3) -> list[float]:
+    """Teach the model the chat format on the corpus: each text answered by the next few."""
+    import torch
+
+    n = len(texts)
+    convs = [[{"role": "user", "content": texts[i]},
+              {"role": "assistant",
+               "content": " ".join(texts[(i + j) % n] for j in range(1, answer_texts + 1))}]
+             for i in range(n)]
+    rendered = tokenizer.apply_chat_template(convs, tokenize=False)
+    stream = torch.tensor([t for r in rendered for t in tokenizer(r)["input_ids"]])
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / max(steps, 1))
+    losses = []
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
+        batch = torch.stack([stream[i:i + seq_len] for i in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
 def build_tiny_target(
     out_dir,
     prompt_files,
@@ -87,6 +121,7 @@ def build_tiny_target(
     num_kv_heads: int = 2,
     vocab_size: int = 2048,
     max_position_embeddings: int = 2048,
+    pretrain_steps: int = 200,
     seed: int = 0,
 ) -> Path:
     """Write a servable tiny Llama (config, weights, tokenizer, template) into `out_dir`."""
@@ -96,7 +131,8 @@ def build_tiny_target(
     if num_layers < 8:
         # The default aux layers [2, n//2, n-3] collide below 8 layers.
         raise EaglenestError(f"num_layers must be at least 8, got {num_layers}")
-    tokenizer = build_tokenizer(corpus_from_prompts(list(prompt_files)), vocab_size)
+    texts = corpus_from_prompts(list(prompt_files))
+    tokenizer = build_tokenizer(texts, vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = LlamaConfig(
@@ -115,13 +151,18 @@ def build_tiny_target(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
+    if pretrain_steps:
+        losses = pretrain(model, tokenizer, texts, steps=pretrain_steps, seed=seed)
+        log.info("tiny target trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0],
+                 losses[-1])
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(tmp)
         (tmp / "eaglenest_target.json").write_text(
-            json.dumps({"built_by": "eaglenest.tiny_target", "seed": seed}, indent=2) + "\n"
+            json.dumps({"built_by": "eaglenest.tiny_target", "seed": seed,
+                        "pretrain_steps": pretrain_steps}, indent=2) + "\n"
         )
     log.info("tiny target: %d layers, hidden %d, vocab %d -> %s", num_layers, hidden_size,
              vocab_size, out_dir)

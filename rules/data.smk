@@ -47,7 +47,8 @@ rule regenerate_responses:
         target=TARGET,
         server=server_params(),
         reasoning_parser=config["target"].get("reasoning_parser"),
-        sampling={k: config["regenerate"][k] for k in ("max_tokens", "temperature", "top_p")},
+        sampling={k: config["regenerate"][k] for k in ("max_tokens", "temperature", "top_p", "n")
+                  if k in config["regenerate"]},
         concurrency=config["regenerate"]["concurrency"],
         max_retries=config["regenerate"]["max_retries"],
         request_timeout_s=config["regenerate"]["request_timeout_s"],

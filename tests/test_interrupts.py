@@ -99,7 +99,10 @@ def test_killed_regeneration_resumes_with_only_the_missing_prompts(small_run):
     assert f"{done_before} already answered" in sent_line
     assert f"{len(prompts) - done_before} to send" in sent_line
     rows = [json.loads(line) for line in open(run_dir / "responses" / "raw_responses.jsonl")]
-    assert [r["id"] for r in rows] == prompts  # every prompt answered once, in order
+    n = small_run["cfg"]["regenerate"].get("n", 1)
+    # Every prompt answered once (n samples each), in prompt order, each response row unique.
+    assert [r["prompt_id"] for r in rows] == [p for p in prompts for _ in range(n)]
+    assert len({r["id"] for r in rows}) == len(rows)
     assert not any("error" in r for r in rows)
 
 
