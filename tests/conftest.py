@@ -71,5 +71,6 @@ def default_run(tmp_path_factory):
     cfg = default_config()
     configfile = write_config(workdir, cfg)
     proc = snakemake(workdir, configfile, "--cores", "2")
+    (workdir / "run.log").write_text(proc.stdout + proc.stderr)  # kept for timings
     return {"workdir": workdir, "config": cfg, "configfile": configfile,
             "run_dir": workdir / cfg["run_dir"], "log": proc.stdout + proc.stderr}
