@@ -26,18 +26,25 @@ pytestmark = pytest.mark.engine
 def start_snakemake(workdir: Path, configfile: Path, *targets: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
            "--configfile", str(configfile), "--resources", "gpu=8", "--cores", "2", *targets]
-    log = open(workdir / f"killed-run-{time.time_ns()}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log = workdir / f"killed-run-{time.time_ns()}.log"
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    proc.workdir, proc.configfile, proc.log = workdir, configfile, log
+    return proc
 
 
 def kill_when(proc: subprocess.Popen, condition, timeout: float = 600) -> None:
+    """SIGKILL the run's process group once `condition()` holds, then clear its stale lock
+    (`snakemake --unlock`, as a user must after a hard kill)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError("the run ended before it could be interrupted")
+            raise AssertionError("the run ended before it could be interrupted:\n"
+                                 + Path(proc.log).read_text()[-3000:])
         if condition():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            snakemake(proc.workdir, proc.configfile, "--unlock")
             return
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
