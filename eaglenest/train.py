@@ -5,8 +5,8 @@ and its command line; the training loop, checkpoints and resume are speculators'
 live in a folder keyed by the training spec outside Snakemake's outputs, so a rerun after an
 interrupt resumes from the last epoch instead of step 0.
 
-On a CPU-only machine, `python -m eaglenest.train` applies three small patches first (see
-`patch_for_cpu`): speculators 0.9.0 assumes an accelerator in three places. Remove them once
+On a CPU-only machine, `python -m eaglenest.train` applies four small patches first (see
+`patch_for_cpu`): speculators 0.9.0 assumes an accelerator in four places. Remove them once
 speculators runs on CPU by itself.
 """
 
@@ -30,13 +30,17 @@ def patch_for_cpu() -> None:
        make that `"cpu"`.
     2. Its step timer calls `torch.accelerator.synchronize()`: a no-op without one.
     3. Autocast falls back to device type "cuda" when no accelerator exists: use "cpu".
+    4. Resuming loads the checkpoint onto `get_current_device()`, which answers "cuda:0"
+       without an accelerator (and then needs pinned memory): load onto "cpu".
     """
     import torch
+    import speculators.train.checkpointer as checkpointer_mod
     import speculators.train.trainer as trainer_mod
 
     if torch.accelerator.current_accelerator() is not None:
         return
     trainer_mod.get_local_rank = lambda: "cpu"
+    checkpointer_mod.get_current_device = lambda: "cpu"
     torch.accelerator.synchronize = lambda *a, **k: None
     original_init = trainer_mod.Trainer.__init__
 

@@ -6,6 +6,7 @@ or a lost node would) part way through a stage, then reruns with `--rerun-incomp
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -126,15 +127,23 @@ def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical
     twin_cfg = write_config(twin, cfg)
 
     shards = [f"{rd}/hidden_states/shard_{k}" for k in range(cfg["hidden_states"]["num_shards"])]
+    def complete() -> list[str]:
+        """Shards Snakemake has recorded as finished (a shard renamed into place an instant
+        before the kill is still marked incomplete, and is rightly redone)."""
+        marks = workdir / ".snakemake" / "incomplete"
+        pending = {base64.b64decode(m.name).decode() for m in marks.glob("*")} \
+            if marks.exists() else set()
+        return [s for s in shards if (workdir / s).is_dir() and s not in pending]
+
     proc = start_snakemake(workdir, small_run["configfile"], *shards)
     hs = run_dir / "hidden_states"
-    kill_when(proc, lambda: (hs / "shard_0").exists() and not (hs / "shard_3").exists())
+    kill_when(proc, lambda: 1 <= len(complete()) < 3)
     wait_servers_gone(run_dir)
-    finished = sorted(p.name for p in hs.glob("shard_*") if p.is_dir())
+    finished = complete()
     assert 1 <= len(finished) < 4
     # A killed shard never looks complete: only renamed, validated shards carry the name.
     for name in finished:
-        assert (hs / name / "manifest.json").exists()
+        assert (workdir / name / "manifest.json").exists()
 
     plan = snakemake(workdir, small_run["configfile"], "-n", "--rerun-incomplete", *shards)
     assert planned_jobs(plan)["extract_hidden_states"] == 4 - len(finished)

@@ -96,11 +96,18 @@ def test_gpu_jobs_never_overlap_and_cpu_jobs_fill_the_gaps(default_run):
 
 
 def test_one_extraction_server_serves_every_shard(default_run):
-    starts = [json.loads(line) for line in
-              open(default_run["run_dir"] / ".eaglenest" / "server" / "starts.log")]
-    keys = [s["key"] for s in starts]
-    # One start per distinct server spec: regeneration, extraction, four evaluation methods.
-    assert len(keys) == len(set(keys)) == 6
+    server_dir = default_run["run_dir"] / ".eaglenest" / "server"
+    starts = [json.loads(line) for line in open(server_dir / "starts.log")]
+    # Each start writes its command line into the server log of its spec.
+    commands = [line for log in server_dir.glob("server-*.log") for line in open(log)
+                if line.startswith("$ ")]
+    extraction = [c for c in commands if "extract_hidden_states" in c]
+    # Four shard jobs, one extraction server; in all: regeneration, extraction and one server
+    # per evaluation method (no speculation reuses regeneration's spec, started anew after
+    # extraction replaced it).
+    assert default_run["config"]["hidden_states"]["num_shards"] == 4
+    assert len(extraction) == 1
+    assert len(starts) == len(commands) == 6
 
 
 def test_rerun_with_nothing_changed_does_nothing(default_run):
@@ -132,9 +139,12 @@ def test_deleting_one_shard_rebuilds_that_shard_alone(default_run):
     shutil.copytree(shard, backup)
     shutil.rmtree(shard)
     try:
-        proc = snakemake(default_run["workdir"], default_run["configfile"], "-n")
+        # A missing intermediate does not make the final targets stale: name the shards.
+        shards = [f"{default_run['config']['run_dir']}/hidden_states/shard_{k}"
+                  for k in range(default_run["config"]["hidden_states"]["num_shards"])]
+        proc = snakemake(default_run["workdir"], default_run["configfile"], "-n", *shards)
         jobs = planned_jobs(proc)
-        assert jobs["extract_hidden_states"] == 1
+        assert jobs == {"extract_hidden_states": 1}
         assert "shard_2" in proc.stdout
         assert "regenerate_responses" not in jobs and "tokenize" not in jobs
     finally:
