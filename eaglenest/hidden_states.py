@@ -169,7 +169,7 @@ def extract_shard_transformers(target: str, tokenized_path, out_dir, *, shard: i
     """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target, torch_dtype=torch.float32,
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32,
                                                  trust_remote_code=trust_remote_code).eval()
     hidden_size = model.config.hidden_size
     captured = {}
