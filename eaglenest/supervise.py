@@ -8,7 +8,6 @@ supervisor stops the command as well, so the lease can stop the server through o
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -48,13 +48,9 @@ def code_hash(*modules: str) -> str:
     return h.hexdigest()[:16]
 
 
-def is_local_target(path: str) -> bool:
-    return Path(path).exists()
-
-
 def check_target(path: str, built_here: bool) -> None:
     """A target is a folder (existing or built by the workflow) or a Hugging Face id."""
-    if built_here or is_local_target(path):
+    if built_here or Path(path).exists():
         return
     if path.startswith((".", "/", "~")) or not HUB_ID.match(path):
         raise EaglenestError("target path does not exist (and is not a Hugging Face id "

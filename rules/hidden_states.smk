@@ -13,7 +13,6 @@ rule plan_hidden_states:
     params:
         target=TARGET,
         aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
-        out_dir=f"{RUN}/hidden_states",
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         disk_margin_gb=config["hidden_states"].get("disk_margin_gb", 0),
