@@ -2,8 +2,9 @@
 
 Each prompt goes to the target's vLLM server (OpenAI chat API) with bounded concurrency. Every
 finished response is appended at once to a progress file kept outside Snakemake's outputs
-(Snakemake deletes a job's outputs before rerunning it), keyed by the sampling spec: a rerun
-after a crash sends only the prompts not yet answered. When all are answered the progress is
+(Snakemake deletes a job's outputs before rerunning it), keyed by the server, the target's files
+and the sampling spec: a rerun after a crash sends only the prompts not yet answered, and a
+rebuilt target starts afresh. When all are answered the progress is
 written to `raw_responses.jsonl` in prompt order, atomically.
 """
 
@@ -27,9 +28,18 @@ log = logging.getLogger(__name__)
 RECORD_FORMAT = 3
 
 
-def progress_path(run_dir, model: str, sampling: dict) -> Path:
-    spec = json.dumps({"model": model, "sampling": sampling, "format": RECORD_FORMAT},
-                      sort_keys=True)
+def target_fingerprint(target: str) -> str:
+    """A local target's file names, sizes and modification times (a hub id as it is)."""
+    path = Path(target)
+    if not path.is_dir():
+        return target
+    return json.dumps(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                             for f in path.iterdir() if f.is_file()))
+
+
+def progress_path(run_dir, model: str, sampling: dict, target: str = "") -> Path:
+    spec = json.dumps({"model": model, "sampling": sampling, "format": RECORD_FORMAT,
+                       "target": target_fingerprint(target) if target else ""}, sort_keys=True)
     key = hashlib.sha256(spec.encode()).hexdigest()[:12]
     return Path(run_dir) / ".eaglenest" / "regenerate" / f"progress-{key}.jsonl"
 
@@ -137,10 +147,11 @@ def response_rows(record: dict) -> list[dict]:
 
 def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, sampling: dict,
                          concurrency: int = 8, max_retries: int = 3,
-                         request_timeout_s: float = 600.0) -> dict:
-    """Answer every prompt in `prompts_path` through `server`; write `out_path`. Returns counts."""
+                         request_timeout_s: float = 600.0, target: str = "") -> dict:
+    """Answer every prompt in `prompts_path` through `server` (serving `target`); write
+    `out_path`. Returns counts."""
     prompts = list(iter_jsonl(prompts_path))
-    pfile = progress_path(run_dir, server.key, sampling)
+    pfile = progress_path(run_dir, server.key, sampling, target)
     pfile.parent.mkdir(parents=True, exist_ok=True)
     done = load_progress(pfile)
     todo = [p for p in prompts if p["id"] not in done]
@@ -182,4 +193,4 @@ def regenerate_stage(*, run_dir, target: str, server_cfg: dict, reasoning_parser
                  timeout_s=server_cfg["startup_timeout_s"]) as server:
         return regenerate_responses(server, prompts_path, out_path, run_dir, sampling=sampling,
                                     concurrency=concurrency, max_retries=max_retries,
-                                    request_timeout_s=request_timeout_s)
+                                    request_timeout_s=request_timeout_s, target=target)

@@ -1,14 +1,17 @@
 """A tiny Llama target built locally, so the default run needs no download.
 
 The embedded default trains a draft for this model end to end on a CPU. It is a real
-`LlamaForCausalLM` with a real byte-level BPE tokenizer trained on the bundled prompts and a
-ChatML chat template with thinking markers, so vLLM serves it and the template, loss-mask and
-vocabulary stages work on it exactly as on a production target.
+`LlamaForCausalLM` with a real byte-level BPE tokenizer and a ChatML chat template with
+thinking markers, so vLLM serves it and the template, loss-mask and vocabulary stages work on it
+exactly as on a production target.
 
-Its weights are briefly trained (seeded, a few hundred steps on the bundled prompts rendered as
-chat turns) rather than left random: a random network answers every prompt with a token loop,
-which n-gram lookup predicts trivially and which no served model produces. A little training
-gives the target what real ones have: text it prefers, turns it ends with its end-of-turn token.
+It learns from its own small corpus (`data/tiny_target/corpus.jsonl`), not from the prompts the
+workflow later sends it: like a real model, it answers prompts it has not seen. Its weights are
+briefly trained (seeded, a few hundred steps on the corpus rendered as chat turns, each text
+answered by the next few, one per line) rather than left random: a random network answers every
+prompt with a token loop, which n-gram lookup predicts trivially and which no served model
+produces. A little training gives the target what real ones have: text it prefers, answers of
+several lines, turns it ends with its end-of-turn token.
 """
 
 from __future__ import annotations
@@ -82,13 +85,15 @@ def build_tokenizer(texts: list[str], vocab_size: int):
 
 def pretrain(model, tokenizer, texts: list[str], *, steps: int, seed: int, seq_len: int = 128,
              batch_size: int = 8, lr: float = 3e-3, answer_texts: int = 3) -> list[float]:
-    """Teach the model the chat format on the corpus: each text answered by the next few."""
+    """Teach the model the chat format on the corpus: each text answered by the next few, one
+    per line (joined by spaces, a text ending in "?" then reads like the end of a user turn and
+    the answers stop after one sentence)."""
     import torch
 
     n = len(texts)
     convs = [[{"role": "user", "content": texts[i]},
               {"role": "assistant",
-               "content": " ".join(texts[(i + j) % n] for j in range(1, answer_texts + 1))}]
+               "content": "\n".join(texts[(i + j) % n] for j in range(1, answer_texts + 1))}]
              for i in range(n)]
     rendered = tokenizer.apply_chat_template(convs, tokenize=False)
     stream = torch.tensor([t for r in rendered for t in tokenizer(r)["input_ids"]])

@@ -37,6 +37,14 @@ def target_input():
     return []
 
 
+def tiny_target_corpus():
+    """The texts the tiny target learns from (relative paths: from the repository). Its own
+    corpus, not the prompts: the prompts it later answers are new to it, as users' are to a
+    real model."""
+    path = Path(config["target"]["build_tiny"].get("corpus", "data/tiny_target/corpus.jsonl"))
+    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+
+
 def prompt_source_files():
     """Local prompt files are inputs, so editing them reruns the data stages."""
     files = []

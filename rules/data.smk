@@ -5,12 +5,12 @@ if BUILD_TINY:
 
     rule build_tiny_target:
         input:
-            prompts=prompt_source_files(),
+            corpus=tiny_target_corpus(),
         output:
             [f"{TARGET}/{name}" for name in TARGET_FILES],
         params:
             target=TARGET,
-            shape=config["target"]["build_tiny"],
+            shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
             code=code_hash("tiny_target"),
         log:
             f"{RUN}/logs/build_tiny_target.log",

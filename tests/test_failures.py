@@ -69,7 +69,8 @@ def target(tmp_path_factory) -> Path:
     """The tiny Llama target (real tokenizer, chat template, config), built once (~5 s)."""
     from eaglenest.tiny_target import build_tiny_target
 
-    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "target", [PROMPTS])
+    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "target",
+                             [REPO / "data" / "tiny_target" / "corpus.jsonl"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -509,3 +510,18 @@ def test_export_checkpoint_aux_ids_differ_from_draft_config(tmp_path):
     msg = run_export(tmp_path, ckpt, f)
     assert msg.startswith(f"{ckpt / 'config.json'}: aux layer ids [3, 4, 5] in the checkpoint "
                           f"differs from [2, 4, 5] in {f['draft_config']}")
+
+
+def test_regeneration_does_not_resume_answers_of_a_replaced_target(tmp_path):
+    """Answers kept for resuming belong to one target: rebuilding it at the same path starts
+    afresh instead of passing the old target's answers off as the new one's."""
+    from eaglenest.regenerate import progress_path
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"old weights")
+    sampling = {"max_tokens": 8, "temperature": 0.0}
+    before = progress_path(tmp_path, "server-key", sampling, str(target))
+    assert progress_path(tmp_path, "server-key", sampling, str(target)) == before  # resumable
+    (target / "model.safetensors").write_bytes(b"new weights!")
+    assert progress_path(tmp_path, "server-key", sampling, str(target)) != before

@@ -45,7 +45,8 @@ GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft",
 def _copy_workflow(dst: Path) -> Path:
     for name in ("Snakefile",):
         shutil.copy2(REPO / name, dst / name)
-    for name in ("rules", "config", "scripts", "report", "data/prompts", "profiles/default"):
+    for name in ("rules", "config", "scripts", "report", "data/prompts", "data/tiny_target",
+                 "profiles/default"):
         shutil.copytree(REPO / name, dst / name)
     return dst
 
