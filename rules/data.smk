@@ -9,7 +9,7 @@ if BUILD_TINY:
         output:
             [f"{TARGET}/{name}" for name in TARGET_FILES],
         params:
-            target=TARGET,
+            target=lambda w, output: str(Path(output[0]).parent),
             shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
             code=code_hash("tiny_target"),
         log:
