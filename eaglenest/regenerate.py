@@ -37,9 +37,9 @@ def target_fingerprint(target: str) -> str:
                              for f in path.iterdir() if f.is_file()))
 
 
-def progress_path(run_dir, model: str, sampling: dict, target: str = "") -> Path:
+def progress_path(run_dir, model: str, sampling: dict, target: str) -> Path:
     spec = json.dumps({"model": model, "sampling": sampling, "format": RECORD_FORMAT,
-                       "target": target_fingerprint(target) if target else ""}, sort_keys=True)
+                       "target": target_fingerprint(target)}, sort_keys=True)
     key = hashlib.sha256(spec.encode()).hexdigest()[:12]
     return Path(run_dir) / ".eaglenest" / "regenerate" / f"progress-{key}.jsonl"
 
@@ -145,9 +145,9 @@ def response_rows(record: dict) -> list[dict]:
             for k, r in enumerate(record["responses"])]
 
 
-def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, sampling: dict,
-                         concurrency: int = 8, max_retries: int = 3,
-                         request_timeout_s: float = 600.0, target: str = "") -> dict:
+def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, target: str,
+                         sampling: dict, concurrency: int = 8, max_retries: int = 3,
+                         request_timeout_s: float = 600.0) -> dict:
     """Answer every prompt in `prompts_path` through `server` (serving `target`); write
     `out_path`. Returns counts."""
     prompts = list(iter_jsonl(prompts_path))
