@@ -7,11 +7,12 @@ exactly as on a production target.
 
 It learns from its own small corpus (`data/tiny_target/corpus.jsonl`), not from the prompts the
 workflow later sends it: like a real model, it answers prompts it has not seen. Its weights are
-briefly trained (seeded, a few hundred steps on the corpus rendered as chat turns, each text
-answered by the next few, one per line) rather than left random: a random network answers every
-prompt with a token loop, which n-gram lookup predicts trivially and which no served model
-produces. A little training gives the target what real ones have: text it prefers, answers of
-several lines, turns it ends with its end-of-turn token.
+trained (seeded, on the corpus rendered as chat turns, each text answered by the next few, one
+per line) rather than left random: a random network answers every prompt with a token loop,
+which n-gram lookup predicts trivially and which no served model produces. Training gives the
+target what real ones have: confident text it prefers, answers of several lines, turns it ends
+with its end-of-turn token. Trained to a low loss (the default config), it answers a new prompt
+by picking corpus texts and reciting them, which is more predictable than a real model's text.
 """
 
 from __future__ import annotations

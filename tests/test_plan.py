@@ -188,9 +188,10 @@ def test_fresh_default_plan(workflow, monkeypatch, capsys):
 
     hs = plan["hidden_states"]
     lines = sum(1 for ln in (REPO / "data/prompts/default.jsonl").read_text().splitlines() if ln.strip())
-    assert hs["samples"] == lines - 16 and hs["tokens_per_sample"] == 512
+    held_out = yaml.safe_load((REPO / "config/config.yaml").read_text())["prompts"]["eval_samples"]
+    assert hs["samples"] == lines - held_out and hs["tokens_per_sample"] == 512
     assert hs["hidden_size"] == 128 and hs["dtype_bytes"] == 2
-    assert hs["bytes"] == (lines - 16) * 512 * 4 * 128 * 2
+    assert hs["bytes"] == (lines - held_out) * 512 * 4 * 128 * 2
 
     monkeypatch.chdir(workflow)
     assert cli.main(["plan"]) == 0
@@ -229,6 +230,7 @@ def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):
 
     # A changed param: named, with the values before and now.
     cfg = yaml.safe_load((workflow / "config/config.yaml").read_text())
+    before = cfg["prompts"]["eval_samples"]
     cfg["prompts"]["eval_samples"] = 8
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(cfg))
@@ -236,7 +238,7 @@ def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):
     stages = {s["rule"]: s for s in plan["stages"]}
     prep = stages["prepare_prompts"]
     assert prep["why"] == PARAMS and list(prep["reasons"]) == [PARAMS]
-    assert "before: 16" in prep["details"][PARAMS] and "now: 8" in prep["details"][PARAMS]
+    assert f"before: {before}" in prep["details"][PARAMS] and "now: 8" in prep["details"][PARAMS]
     assert "prepare_prompts" in stages["regenerate_responses"]["upstream"]
     # prepare_prompts will rerun, so its stats no longer count: back to the config estimate.
     assert plan["hidden_states"]["basis"].startswith("estimate: samples from config")

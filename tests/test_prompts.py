@@ -252,13 +252,24 @@ def test_bundled_default_resolves_from_another_cwd(tmp_path, monkeypatch):
 
 def test_bundled_default_file_quality():
     rows = read_jsonl(BUNDLED_DIR / "default.jsonl")
-    assert 600 <= len(rows) <= 700
+    assert 1400 <= len(rows) <= 1600
     msgs = [normalise_row(r) for r in rows]  # all usable
     assert len({prompt_id(m) for m in msgs}) == len(rows)
     assert sum(m[0]["role"] == "system" for m in msgs) >= 5
     assert sum(any(t["role"] == "assistant" for t in m) for m in msgs) >= 5
     firsts = {m[-1]["content"].split()[0].lower() for m in msgs}
     assert len(firsts) >= 100  # varied openings, not one template
+
+
+def test_bundled_prompts_are_new_to_the_tiny_target():
+    """The default target answers prompts it never trained on, as a served model does: no
+    bundled prompt shares a message with the tiny target's corpus."""
+    corpus = read_jsonl(REPO / "data" / "tiny_target" / "corpus.jsonl")
+    seen = {m["content"].strip().lower() for row in corpus for m in row["messages"]}
+    prompts = read_jsonl(BUNDLED_DIR / "default.jsonl")
+    overlap = [r for r in prompts if any(m["content"].strip().lower() in seen
+                                         for m in r["messages"])]
+    assert overlap == []
 
 
 def test_bundled_named_file_and_missing(tmp_path):
