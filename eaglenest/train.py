@@ -8,6 +8,10 @@ interrupt resumes from the last epoch instead of step 0.
 On a CPU-only machine, `python -m eaglenest.train` applies four small patches first (see
 `patch_for_cpu`): speculators 0.9.0 assumes an accelerator in four places. Remove them once
 speculators runs on CPU by itself.
+
+Per-epoch metrics come from speculators' metric log, recorded to a file by `EpochMetricsFile`:
+speculators writes `val_metrics.json` only into checkpoints that improved the validation loss,
+so curves read from checkpoints would silently skip the epochs that did not.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,59 @@ def patch_for_cpu() -> None:
         self.device_type = "cpu"
 
     trainer_mod.Trainer.__init__ = init
+
+
+#: Where the trainer child process records per-epoch metrics (set by `run_trainer`).
+METRICS_FILE_ENV = "EAGLENEST_EPOCH_METRICS"
+
+
+class EpochMetricsFile(logging.Handler):
+    """Append one JSON line per epoch to `path`: the mean of speculators' per-step training
+    metrics over the epoch, and the epoch's validation metrics. A line is written when the
+    validation record arrives. speculators saves an epoch's checkpoint before validating it,
+    so an interrupt during validation leaves that epoch without a line (the rerun resumes
+    after it); one during training leaves none either, and the rerun records the epoch."""
+
+    def __init__(self, path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.epoch = None
+        self.train_sums: dict[str, float] = {}
+        self.train_steps = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.msg
+        if not isinstance(msg, Mapping):
+            return
+        epoch = msg.get("epoch")
+        if epoch != self.epoch:
+            self.epoch, self.train_sums, self.train_steps = epoch, {}, 0
+        if isinstance(msg.get("train"), Mapping):
+            for k, v in msg["train"].items():
+                if isinstance(v, (int, float)):
+                    self.train_sums[k] = self.train_sums.get(k, 0.0) + v
+            self.train_steps += 1
+        elif isinstance(msg.get("val"), Mapping):
+            train = {f"{k}_epoch": v / self.train_steps for k, v in self.train_sums.items()}
+            row = {"epoch": epoch, "train": train, "val": dict(msg["val"])}
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def record_epoch_metrics(path) -> None:
+    """Attach `EpochMetricsFile` to speculators' metric logger once the trainer has set that
+    logger up (its set-up replaces the logger's handlers). Rank 0 only."""
+    import speculators.train.cli as cli_mod
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    setup = cli_mod.setup_metric_logger
+
+    def setup_and_record(*args, **kwargs):
+        setup(*args, **kwargs)
+        logging.getLogger("speculators.metrics").addHandler(EpochMetricsFile(path))
+
+    cli_mod.setup_metric_logger = setup_and_record
 
 
 def spec_key(args: list[str]) -> str:
@@ -87,8 +145,9 @@ def trainer_args(*, target: str, data_dir, save_path, draft_config, d2t_npy, t2d
     return args
 
 
-def run_trainer(args: list[str], gpus: int, log_file) -> None:
-    """Run speculators' trainer in a child process (torchrun when several GPUs)."""
+def run_trainer(args: list[str], gpus: int, log_file, metrics_file) -> None:
+    """Run speculators' trainer in a child process (torchrun when several GPUs), recording
+    per-epoch metrics to `metrics_file`."""
     if gpus > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
                "-m", "eaglenest.train", *args]
@@ -96,7 +155,8 @@ def run_trainer(args: list[str], gpus: int, log_file) -> None:
         cmd = [sys.executable, "-m", "eaglenest.train", *args]
     log.info("$ %s", " ".join(cmd))
     with open(log_file, "ab") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+                              env={**os.environ, METRICS_FILE_ENV: str(metrics_file)})
     if proc.returncode != 0:
         from eaglenest.server import log_tail
 
@@ -113,6 +173,7 @@ def epochs_done(save_path) -> list[int]:
 
 def main(argv: list[str]) -> None:
     patch_for_cpu()
+    record_epoch_metrics(os.environ[METRICS_FILE_ENV])
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
@@ -131,14 +192,15 @@ def _file_digest(path) -> str:
     return h.hexdigest()[:16]
 
 
-def collect_metrics(save_path) -> list[dict]:
-    """Per-epoch validation loss and per-position accuracy, from speculators' checkpoints."""
-    rows = []
-    for epoch in epochs_done(save_path):
-        f = Path(save_path) / str(epoch) / "val_metrics.json"
-        if f.exists():
-            rows.append({"epoch": epoch, **json.loads(f.read_text())})
-    return rows
+def collect_metrics(metrics_file) -> list[dict]:
+    """Per-epoch training means and validation metrics, one row per epoch in order. An epoch
+    rerun after an interrupt was recorded twice: its last record wins."""
+    from eaglenest.io import iter_jsonl
+
+    if not Path(metrics_file).exists():
+        return []
+    by_epoch = {row["epoch"]: row for row in iter_jsonl(metrics_file)}
+    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 def plot_curves(metrics: list[dict], out_png) -> None:
@@ -151,15 +213,20 @@ def plot_curves(metrics: list[dict], out_png) -> None:
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     epochs = [m["epoch"] for m in metrics]
-    ax_loss.plot(epochs, [m.get("loss_epoch") for m in metrics], marker="o")
-    ax_loss.set(xlabel="epoch", ylabel="validation loss", title="Loss")
-    positions = sorted({int(k.split("_")[2]) for m in metrics for k in m
+    for split, style in (("train", "--"), ("val", "-")):
+        ax_loss.plot(epochs, [m[split].get("loss_epoch") for m in metrics], style, marker="o",
+                     label=split)
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
+    ax_loss.legend()
+    positions = sorted({int(k.split("_")[2]) for m in metrics for k in m["val"]
                         if k.startswith("full_acc_")})
     for p in positions:
-        ax_acc.plot(epochs, [m.get(f"full_acc_{p}_epoch") for m in metrics], marker="o",
-                    label=f"position {p}")
+        line, = ax_acc.plot(epochs, [m["val"].get(f"full_acc_{p}_epoch") for m in metrics],
+                            marker="o", label=f"position {p} (val)")
+        ax_acc.plot(epochs, [m["train"].get(f"full_acc_{p}_epoch") for m in metrics], "--",
+                    color=line.get_color(), label=f"position {p} (train)")
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="Per-position accuracy", ylim=(0, 1))
-    ax_acc.legend()
+    ax_acc.legend(fontsize="small")
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
@@ -199,7 +266,8 @@ def train_stage(*, run_dir, target: str, shard_dirs, tokenized_path, t2d_npy, d2
                         aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"], hp=hp,
                         cpu=resolve_device(device) == "cpu", log_dir=work / "logs")
     gpus_here = gpus if resolve_device(device) == "cuda" else 1
-    run_trainer(args, gpus_here, log_file)
+    metrics_file = work / "epoch_metrics.jsonl"
+    run_trainer(args, gpus_here, log_file, metrics_file)
     final = epochs_done(save_path)
     if not final:
         raise RuntimeError(f"speculators wrote no checkpoint into {save_path}")
@@ -207,7 +275,7 @@ def train_stage(*, run_dir, target: str, shard_dirs, tokenized_path, t2d_npy, d2
     with atomic_path(out_checkpoint, is_dir=True) as tmp:
         for name in ("config.json", "model.safetensors"):
             shutil.copy(last / name, tmp / name)
-    metrics = collect_metrics(save_path)
+    metrics = collect_metrics(metrics_file)
     summary = {"epochs": len(final), "resumed_from_epoch": done[-1] if done else None,
                "final_epoch": final[-1], "per_epoch": metrics}
     write_json(out_metrics, summary)

@@ -177,3 +177,5 @@ def test_interrupted_training_continues_from_its_checkpoint(small_run):
     metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
     assert metrics["resumed_from_epoch"] == done - 1
     assert metrics["final_epoch"] == cfg["train"]["epochs"] - 1
+    # The curves hold every epoch, those before the interrupt included.
+    assert [m["epoch"] for m in metrics["per_epoch"]] == list(range(cfg["train"]["epochs"]))

@@ -34,6 +34,15 @@ def test_run_produces_a_draft_that_beats_the_untrained_one(default_run):
     assert acc["draft"]["mean_acceptance_length"] > acc["untrained_draft"]["mean_acceptance_length"]
 
 
+def test_training_curves_hold_every_epoch(default_run):
+    metrics = json.loads((default_run["run_dir"] / "train" / "train_metrics.json").read_text())
+    epochs = default_run["config"]["train"]["epochs"]
+    assert [m["epoch"] for m in metrics["per_epoch"]] == list(range(epochs))
+    for m in metrics["per_epoch"]:
+        for split in ("train", "val"):
+            assert 0 <= m[split]["full_acc_0_epoch"] <= 1 and m[split]["loss_epoch"] > 0
+
+
 def test_speculation_is_lossless(default_run):
     acc = json.loads((default_run["run_dir"] / "eval" / "acceptance.json").read_text())
     for method in ("ngram", "untrained_draft", "draft"):
