@@ -94,6 +94,8 @@ def write_config(workdir: Path) -> Path:
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["run_dir"] = RUN
     cfg["target"]["path"] = f"{RUN}/target"
+    # Scheduling is under test, not the target: a short build keeps both runs in their limits.
+    cfg["target"]["build_tiny"]["pretrain_steps"] = 200
     cfg["prompts"]["eval_samples"] = 4
     cfg["prompts"]["sources"] = [{"name": "default", "type": "bundled", "samples": 24}]
     cfg["regenerate"]["max_tokens"] = 16
