@@ -173,7 +173,9 @@ def epochs_done(save_path) -> list[int]:
 
 def main(argv: list[str]) -> None:
     patch_for_cpu()
-    record_epoch_metrics(os.environ[METRICS_FILE_ENV])
+    # Unset when the command in a checkpoint's train_command.txt is replayed by hand.
+    if os.environ.get(METRICS_FILE_ENV):
+        record_epoch_metrics(os.environ[METRICS_FILE_ENV])
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
