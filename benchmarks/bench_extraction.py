@@ -60,14 +60,16 @@ def main() -> None:
         startup = time.perf_counter() - t0
         try:
             t0 = time.perf_counter()
-            extract_shard_vllm(server, rows, tmp / "vllm" / "shard_0", shard=0, num_shards=1,
+            extract_shard_vllm(server, rows, tmp / "vllm" / "shard_0", num_rows=args.rows,
+                               shard=0, num_shards=1,
                                hidden_size=hidden, dtype=args.dtype, meta=meta)
             results.append(("vllm", time.perf_counter() - t0, tmp / "vllm" / "shard_0"))
         finally:
             lease.release()
 
         t0 = time.perf_counter()
-        extract_shard_transformers(str(target), rows, tmp / "hf" / "shard_0", shard=0,
+        extract_shard_transformers(str(target), rows, tmp / "hf" / "shard_0",
+                                   num_rows=args.rows, shard=0,
                                    num_shards=1, aux_layer_ids=aux, dtype=args.dtype, meta=meta)
         results.append(("transformers", time.perf_counter() - t0, tmp / "hf" / "shard_0"))
 

@@ -8,47 +8,37 @@ later stages check: aux layer ids, vocabulary sizes and the target's layer count
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from eaglenest.errors import EaglenestError
-from eaglenest.io import read_json, write_json
-
-
-def target_text_config(target_dir) -> dict:
-    """The target's language-model config (the `text_config` of a multimodal one)."""
-    path = Path(target_dir) / "config.json"
-    cfg = read_json(path)
-    cfg = cfg.get("text_config", cfg)
-    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
-        if key not in cfg:
-            raise EaglenestError(f"target config has no '{key}'", path)
-    return cfg
+from eaglenest.io import write_json
+from eaglenest.target import read_config, read_shape, text_config
 
 
 def build_draft_config(target_dir, out_path, *, aux_layer_ids: list[int], draft_vocab_size: int,
                        draft_layers: int = 1, max_position_embeddings: int | None = None) -> dict:
     from eaglenest.hidden_states import resolve_aux_layer_ids
 
-    tcfg = target_text_config(target_dir)
-    n = tcfg["num_hidden_layers"]
-    aux = resolve_aux_layer_ids(aux_layer_ids, n, Path(target_dir) / "config.json")
-    if not 1 <= draft_vocab_size <= tcfg["vocab_size"]:
-        raise EaglenestError(f"draft_vocab_size {draft_vocab_size} must be in 1.."
-                             f"{tcfg['vocab_size']} (the target's vocabulary)",
-                             Path(target_dir) / "config.json")
-    heads = tcfg.get("num_attention_heads", max(1, tcfg["hidden_size"] // 128))
+    shape = read_shape(target_dir)
+    config, config_path = read_config(target_dir)
+    tcfg = text_config(config)
+    n, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
+    aux = resolve_aux_layer_ids(aux_layer_ids, n, config_path)
+    if not 1 <= draft_vocab_size <= vocab:
+        raise EaglenestError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the "
+                             "target's vocabulary)", config_path)
+    heads = tcfg.get("num_attention_heads", max(1, hidden // 128))
     cfg = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
-        "hidden_size": tcfg["hidden_size"],
-        "intermediate_size": tcfg.get("intermediate_size", 4 * tcfg["hidden_size"]),
+        "hidden_size": hidden,
+        "intermediate_size": tcfg.get("intermediate_size", 4 * hidden),
         "num_hidden_layers": draft_layers,
         "num_attention_heads": heads,
         "num_key_value_heads": tcfg.get("num_key_value_heads", heads),
-        "head_dim": tcfg.get("head_dim", tcfg["hidden_size"] // heads),
+        # MLA targets (DeepSeek-V3, Kimi) have no head_dim: the draft is a plain Llama layer.
+        "head_dim": tcfg.get("head_dim", hidden // heads),
         "hidden_act": "silu",
         "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
-        "vocab_size": tcfg["vocab_size"],
+        "vocab_size": vocab,
         # The draft must cover the target's serving context.
         "max_position_embeddings": max(max_position_embeddings or 0,
                                        tcfg.get("max_position_embeddings", 2048)),
@@ -58,9 +48,9 @@ def build_draft_config(target_dir, out_path, *, aux_layer_ids: list[int], draft_
         "eaglenest": {
             "aux_layer_ids": aux,
             "target_num_layers": n,
-            "target_vocab_size": tcfg["vocab_size"],
+            "target_vocab_size": vocab,
             "draft_vocab_size": draft_vocab_size,
-            "hidden_size": tcfg["hidden_size"],
+            "hidden_size": hidden,
         },
     }
     write_json(out_path, cfg)

@@ -136,6 +136,21 @@ def lossless(reference: list[dict], outs: list[dict]) -> tuple[bool, list[str]]:
     return not differ, differ
 
 
+def lossless_meaning(base_args) -> str:
+    """What `identical_fraction` can prove on this server: bit-identical greedy outputs are
+    expected on one device; across tensor-parallel ranks vLLM's reductions and batching are
+    not bit-reproducible, so there a fraction below 1 can come from the engine itself."""
+    args = list(base_args)
+    tp = int(args[args.index("--tensor-parallel-size") + 1]) if (
+        "--tensor-parallel-size" in args[:-1]) else 1
+    if tp == 1:
+        return ("greedy outputs of each method compared token for token with no speculation; "
+                "on one device any difference is a speculation bug")
+    return (f"greedy outputs compared token for token with no speculation at tensor parallel "
+            f"{tp}: vLLM is not bit-reproducible across ranks and batch shapes, so a few "
+            "differing prompts can come from the engine; a speculation bug shows as many")
+
+
 def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
     """The floor: the trained checkpoint's config, vocabulary mapping and (frozen, target-owned)
     embeddings with fresh trainable weights."""
@@ -195,22 +210,25 @@ def write_table(results: dict, out_csv) -> None:
 
     from eaglenest.io import atomic_path
 
-    cols = ["mean_acceptance_length", "acceptance_rate", "output_tokens_per_s", "lossless"]
+    cols = ["mean_acceptance_length", "acceptance_rate", "output_tokens_per_s", "lossless",
+            "identical_fraction"]
     df = pd.DataFrame([{"method": m, **{c: r.get(c) for c in cols}} for m, r in results.items()])
     with atomic_path(out_csv) as tmp:
         df.to_csv(tmp, index=False)
 
 
-def evaluate_stage(*, run_dir, target: str, draft_dir, prompts_path, metadata_path,
+def evaluate_stage(*, run_dir, target, draft_dir, prompts_path, metadata_path,
                    server_cfg: dict, k: int, max_tokens: int, concurrency: int, ngram: dict,
                    out_json, out_csv, out_png) -> dict:
-    """The `evaluate_acceptance` rule: the four methods, one server each, same prompts."""
+    """The `evaluate_acceptance` rule: the four methods, one server each, same prompts.
+    `target` is the resolved target (eaglenest.target.Target)."""
     from eaglenest.errors import EaglenestError
     from eaglenest.io import read_json, write_json
     from eaglenest.server import serving
 
     meta = read_json(metadata_path)
     check_template(target, meta.get("chat_template_hash"), metadata_path)
+    model = target.path
     prompts = load_eval_prompts(prompts_path)
     if not prompts:
         raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
@@ -221,7 +239,7 @@ def evaluate_stage(*, run_dir, target: str, draft_dir, prompts_path, metadata_pa
     results: dict = {}
     reference: list[dict] = []
     for method in METHODS:
-        spec = method_spec(method, target, base, env, k=k, draft_dir=drafts.get(method),
+        spec = method_spec(method, model, base, env, k=k, draft_dir=drafts.get(method),
                            ngram=ngram)
         with serving(spec, run_dir, reuse=server_cfg["reuse"],
                      timeout_s=server_cfg["startup_timeout_s"]) as server:
@@ -231,29 +249,29 @@ def evaluate_stage(*, run_dir, target: str, draft_dir, prompts_path, metadata_pa
         if method == "no_spec":
             reference = outs
         same, differ = lossless(reference, outs)
-        result.update({"lossless": same, "prompts_differing": differ})
+        result.update({"lossless": same, "identical_fraction": 1 - len(differ) / len(prompts),
+                       "prompts_differing": differ})
         log.info("%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s", method,
                  result["mean_acceptance_length"], result["acceptance_rate"],
                  result["output_tokens_per_s"] or 0, same)
         results[method] = result
     summary = {"num_speculative_tokens": k, "prompts": len(prompts), "max_tokens": max_tokens,
-               **results}
+               "lossless_means": lossless_meaning(base), **results}
     write_table(results, out_csv)
     plot_per_position(results, out_png)
     write_json(out_json, summary)
     return summary
 
 
-def check_template(target: str, expected_hash: str | None, metadata_path) -> None:
+def check_template(target, expected_hash: str | None, metadata_path) -> None:
     """Evaluation must render prompts with the template the training data was made with."""
-    from transformers import AutoTokenizer
-
     from eaglenest.errors import EaglenestError
+    from eaglenest.target import load_tokenizer
     from eaglenest.tokenize import chat_template_hash
 
     if not expected_hash:
         return
-    actual = chat_template_hash(AutoTokenizer.from_pretrained(target))
+    actual = chat_template_hash(load_tokenizer(target.path, target.trust_remote_code))
     if actual != expected_hash:
         raise EaglenestError(f"the target's chat template (hash {actual}) differs from the one "
                              f"the training data was tokenized with ({expected_hash})",

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
-def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target: str,
+def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target,
                  max_model_len: int) -> dict:
+    """`target`: the resolved target (eaglenest.target.Target)."""
     from safetensors.torch import load_file
 
     ckpt = Path(checkpoint_dir)
@@ -57,8 +58,9 @@ def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, 
     for flag in NORM_FLAGS:
         # Write every flag out: an absent one would fall back to an engine default.
         cfg[flag] = bool(cfg.get(flag))
-    verifier = str(Path(target).resolve()) if Path(target).exists() else target
-    cfg["speculators_config"]["verifier"]["name_or_path"] = verifier
+    # The hub id for a hub target (portable: `vllm serve DRAFT` resolves it on any machine),
+    # else the local folder. Serving the target with --speculative-config never reads it.
+    cfg["speculators_config"]["verifier"]["name_or_path"] = target.hub_id or target.path
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
         shutil.copy(ckpt / "model.safetensors", tmp / "model.safetensors")

@@ -12,6 +12,7 @@ the hidden-states KV connector) and a transformers fallback for targets vLLM can
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -86,7 +87,7 @@ def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: s
     if tuple(hs.shape) != (len(input_ids), 4, hidden_size):
         raise EaglenestError(f"hidden_states shape {tuple(hs.shape)}, expected "
                              f"({len(input_ids)}, 4, {hidden_size})", where)
-    if not torch.isfinite(hs.float()).all():
+    if not torch.isfinite(hs).all():  # in the stored dtype: no float32 copy of the sample
         raise EaglenestError("hidden_states contain NaN or Inf", where)
 
 
@@ -98,19 +99,28 @@ def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str)
 
 
 def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
+    """Rows [start, stop) of the tokenized data: lines before `start` are skipped unparsed and
+    reading stops at `stop`, so a shard costs its own rows, not the whole file."""
     rows = []
-    for i, row in enumerate(iter_jsonl(tokenized_path)):
-        if i >= stop:
-            break
-        if i >= start:
-            rows.append((i, row))
+    with open(tokenized_path, encoding="utf-8") as f:
+        for i, line in enumerate(itertools.islice(f, start, stop), start=start):
+            try:
+                rows.append((i, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise EaglenestError(f"line {i + 1}: malformed JSON ({e.msg})",
+                                     tokenized_path) from None
+    if len(rows) != stop - start:
+        raise EaglenestError(f"has {start + len(rows)} rows, the plan expects at least {stop}: "
+                             "rerun plan_hidden_states", tokenized_path)
     return rows
 
 
-def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, shard: int, num_shards: int,
-                       hidden_size: int, dtype: str, meta: dict, concurrency: int = 4,
-                       request_timeout_s: float = 600.0) -> dict:
-    """Write shard `shard` of `num_shards` through a running extraction server."""
+def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, num_rows: int, shard: int,
+                       num_shards: int, hidden_size: int, dtype: str, meta: dict,
+                       concurrency: int = 4, request_timeout_s: float = 600.0) -> dict:
+    """Write shard `shard` of `num_shards` (of `num_rows` rows) through a running extraction
+    server. The engine's file already has the trainer's format: where it is in the stored
+    dtype it is moved into the shard (a rename), else converted once."""
     import openai
     from speculators.data_generation.vllm_client import generate_hidden_states
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
@@ -118,7 +128,6 @@ def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, shard: int, n
         load_hidden_states,
     )
 
-    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
     start, stop = shard_bounds(num_rows, num_shards, shard)
     rows = read_rows(tokenized_path, start, stop)
     client = openai.OpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=2,
@@ -131,10 +140,16 @@ def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, shard: int, n
         _handle, params = generate_hidden_states(client, SERVED_NAME, {"input_ids": ids},
                                                  timeout=request_timeout_s)
         path = params["hidden_states_path"]
-        data = load_hidden_states(path)
+        data = load_hidden_states(path)  # waits until the engine has written it
         validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
-        _save(tmp / f"hs_{i}.safetensors", data["hidden_states"], data["token_ids"], dtype)
-        cleanup_hidden_states(path)
+        out = tmp / f"hs_{i}.safetensors"
+        if (data["hidden_states"].dtype == DTYPES[dtype]
+                and data["token_ids"].dtype == torch.int64):
+            cleanup_hidden_states(path, keep_hidden_states=True)  # the lock file only
+            shutil.move(path, out)
+        else:
+            _save(out, data["hidden_states"], data["token_ids"], dtype)
+            cleanup_hidden_states(path)
         return len(ids)
 
     with atomic_path(out_dir, is_dir=True) as tmp:
@@ -159,9 +174,9 @@ def _write_manifest(tmp: Path, start, stop, tokens, hidden_size, dtype, meta, se
     return stats
 
 
-def extract_shard_transformers(target: str, tokenized_path, out_dir, *, shard: int,
-                               num_shards: int, aux_layer_ids: list[int], dtype: str, meta: dict,
-                               trust_remote_code: bool = False) -> dict:
+def extract_shard_transformers(target: str, tokenized_path, out_dir, *, num_rows: int,
+                               shard: int, num_shards: int, aux_layer_ids: list[int],
+                               dtype: str, meta: dict, trust_remote_code: bool = False) -> dict:
     """The fallback backend: same files, computed with transformers on the local device.
 
     Slot 3 is the input of the final norm (the last decoder layer's output), as vLLM writes it,
@@ -169,13 +184,21 @@ def extract_shard_transformers(target: str, tokenized_path, out_dir, *, shard: i
     """
     from transformers import AutoModelForCausalLM
 
+    from eaglenest.target import read_shape
+
+    shape = read_shape(target)
+    if shape.multimodal:
+        # AutoModelForCausalLM rejects multimodal wrappers (Kimi-K2.5), and their final norm
+        # sits elsewhere: the engine's own extraction handles them.
+        raise EaglenestError(f"the transformers backend loads plain causal LMs; this target is "
+                             f"multimodal ({', '.join(shape.architectures) or shape.model_type}): "
+                             "set hidden_states.backend: vllm", Path(target) / "config.json")
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32,
                                                  trust_remote_code=trust_remote_code).eval()
     hidden_size = model.config.hidden_size
     captured = {}
     model.model.norm.register_forward_hook(
         lambda _m, inputs, _out: captured.__setitem__("pre_norm", inputs[0]))
-    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
     start, stop = shard_bounds(num_rows, num_shards, shard)
     t0 = time.monotonic()
     tokens = 0
@@ -242,15 +265,13 @@ def plan_stage(*, metadata_path, target: str, aux_layer_ids, out_dir, num_shards
                dtype: str, disk_margin_gb: float, plan_path) -> dict:
     """The `plan_hidden_states` rule: fix the layers to extract, state the bytes extraction
     will write, and refuse if the disk cannot hold them plus the margin."""
-    from eaglenest.draft_config import target_text_config
     from eaglenest.io import read_json, write_json
-    from eaglenest.workflow import target_config_path
+    from eaglenest.target import read_shape
 
     meta = read_json(metadata_path)
-    config_path = target_config_path(target)
-    tcfg = target_text_config(config_path.parent)
-    n, hidden = tcfg["num_hidden_layers"], tcfg["hidden_size"]
-    aux = resolve_aux_layer_ids(aux_layer_ids, n, config_path)
+    shape = read_shape(target)
+    n, hidden = shape.num_layers, shape.hidden_size
+    aux = resolve_aux_layer_ids(aux_layer_ids, n, Path(target) / "config.json")
     tokens = int(meta["tokens_total"])
     needed = estimate_bytes(tokens, hidden, dtype)
     plan = {"samples": meta["samples_out"], "tokens": tokens, "hidden_size": hidden,
@@ -275,7 +296,8 @@ def extract_stage(*, run_dir, target: str, tokenized_path, plan_path, out_dir,
     aux, n, hidden = plan["aux_layer_ids"], plan["target_num_layers"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
     if backend == "transformers":
-        return extract_shard_transformers(target, tokenized_path, out_dir, shard=shard,
+        return extract_shard_transformers(target, tokenized_path, out_dir,
+                                          num_rows=plan["samples"], shard=shard,
                                           num_shards=num_shards, aux_layer_ids=aux, dtype=dtype,
                                           meta=meta, trust_remote_code=trust_remote_code)
     spool = Path(run_dir) / ".eaglenest" / "hidden_states_spool"
@@ -284,6 +306,7 @@ def extract_stage(*, run_dir, target: str, tokenized_path, plan_path, out_dir,
                                 cpu=resolve_device(server_cfg["device"]) == "cpu")
     with serving(spec, run_dir, reuse=server_cfg["reuse"],
                  timeout_s=server_cfg["startup_timeout_s"]) as server:
-        return extract_shard_vllm(server, tokenized_path, out_dir, shard=shard,
+        return extract_shard_vllm(server, tokenized_path, out_dir, num_rows=plan["samples"],
+                                  shard=shard,
                                   num_shards=num_shards, hidden_size=hidden, dtype=dtype,
                                   meta=meta, concurrency=concurrency)

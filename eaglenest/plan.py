@@ -32,6 +32,7 @@ from pathlib import Path
 
 from eaglenest.errors import EaglenestError
 from eaglenest.snakemake_log import parse_jobs, requests_gpu, split_files
+from eaglenest.target import cache_status, is_hub_id, read_shape
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
@@ -332,6 +333,25 @@ def _count_lines(path: Path) -> int | None:
         return None
 
 
+def _local_target_folder(cfg: dict, workdir: Path) -> Path | None:
+    """The target's folder on this machine without network: a local folder, or the cached
+    snapshot of a hub id (None when neither exists yet)."""
+    target = cfg.get("target", {})
+    name = str(target.get("path", ""))
+    if is_hub_id(name) and not (workdir / name).exists():
+        status = cache_status(name, target.get("revision"), _cache_dir(target, workdir))
+        return Path(status["snapshot"]) if status["cached"] else None
+    path = Path(name) if Path(name).is_absolute() else workdir / name
+    return path if (path / "config.json").exists() else None
+
+
+def _cache_dir(target: dict, workdir: Path):
+    cache = target.get("cache_dir")
+    if not cache:
+        return None
+    return Path(cache) if Path(cache).is_absolute() else workdir / cache
+
+
 def _hidden_size(cfg: dict, workdir: Path) -> tuple[int | None, str]:
     target = cfg.get("target", {})
     if target.get("hidden_size"):
@@ -339,13 +359,66 @@ def _hidden_size(cfg: dict, workdir: Path) -> tuple[int | None, str]:
     tiny = target.get("build_tiny")
     if isinstance(tiny, dict) and tiny.get("hidden_size"):
         return int(tiny["hidden_size"]), "target.build_tiny.hidden_size"
-    path = Path(str(target.get("path", "")))
-    path = path if path.is_absolute() else workdir / path
-    tcfg = _read_json(path / "config.json") or {}
-    size = tcfg.get("hidden_size") or (tcfg.get("text_config") or {}).get("hidden_size")
-    if size:
-        return int(size), f"{path / 'config.json'}"
+    folder = _local_target_folder(cfg, workdir)
+    if folder is not None:
+        try:
+            return read_shape(folder).hidden_size, f"{folder / 'config.json'}"
+        except EaglenestError:
+            pass
     return None, "unknown: set target.hidden_size"
+
+
+def target_status(cfg: dict, workdir=".") -> dict:
+    """Where the target comes from, whether it is here already, its weight bytes, and whether
+    those fit the GPUs the config asks for. Reads the local disk only."""
+    workdir = Path(workdir)
+    target = cfg.get("target", {})
+    name = str(target.get("path", ""))
+    out: dict = {"name": name, "revision": target.get("revision")}
+    built = bool(target.get("build_tiny"))
+    if is_hub_id(name) and not (workdir / name).exists():
+        status = cache_status(name, target.get("revision"), _cache_dir(target, workdir))
+        out.update(source="hub", built_here=built, **status)
+        if not status["cached"]:
+            out["bytes"] = int(target["weights_gb"] * 1e9) if target.get("weights_gb") else None
+            out["bytes_from"] = "target.weights_gb" if target.get("weights_gb") else "unknown"
+    elif built:
+        out.update(source="built by the workflow", cached=None, bytes=None)
+    else:
+        folder = _local_target_folder(cfg, workdir)
+        out.update(source="local folder", cached=folder is not None,
+                   bytes=sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+                   if folder else None)
+    out["gpu_memory"] = gpu_memory_check(cfg, out.get("bytes"))
+    return out
+
+
+#: vLLM 0.32 runs its V2 model runner on GPUs where Triton is present and the V1 runner on
+#: CPU (the path the CPU tests exercise); this variable picks the V1 runner on a GPU as well.
+GPU_ENGINE_FALLBACK = "VLLM_USE_V2_MODEL_RUNNER=0"
+
+
+COMMON_GPUS = (("an 80 GB H100/A100", 80), ("a 141 GB H200", 141), ("a 192 GB B200", 192))
+
+
+def gpu_memory_check(cfg: dict, weight_bytes: int | None) -> dict:
+    """Weights per GPU under tensor parallelism, and the GPU memory that needs at vLLM's
+    memory utilisation (weights only: the KV cache needs room on top)."""
+    vcfg = cfg.get("vllm", {})
+    if weight_bytes is None or vcfg.get("device") == "cpu":
+        return {}
+    tp = int(vcfg.get("tensor_parallel_size", 1) or 1)
+    extra = list(vcfg.get("extra_args") or [])
+    util = 0.9
+    if "--gpu-memory-utilization" in extra[:-1]:
+        util = float(extra[extra.index("--gpu-memory-utilization") + 1])
+    per_gpu = weight_bytes / tp
+    need = per_gpu / util
+    have = cfg.get("gpu_memory_gb")
+    return {"tensor_parallel_size": tp, "memory_utilization": util,
+            "weights_per_gpu_bytes": per_gpu, "min_gpu_bytes": need,
+            "gpu_bytes": have * 1e9 if have else None,
+            "fits": None if not have else have * 1e9 >= need}
 
 
 def _train_samples(cfg: dict, workdir: Path, basedir: Path,
@@ -489,6 +562,7 @@ def make_plan(*, snakefile=None, directory=None, configfiles=(), config_entries=
         "stages": stages,
         "gpu_order": gpu_stages(jobs),
         "hidden_states": estimate_hidden_states(cfg, workdir, rebuilding, basedir=sf.parent),
+        "target": target_status(cfg, workdir),
         "job_list": [asdict(j) | {"gpu": j.gpu} for j in jobs],
     }
 
@@ -521,6 +595,8 @@ def format_plan(plan: dict) -> str:
                     tag += f" [{s['details'][category]}]"
                 why.append(tag)
             lines.append(f"  {name:<{width}} {count:>9}  {'; '.join(why)}")
+    lines.append("")
+    lines += format_target(plan["target"])
     hs = plan["hidden_states"]
     lines.append("")
     if hs["bytes"] is None:
@@ -551,6 +627,45 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def format_target(t: dict) -> list[str]:
+    """The target lines of the plan: cache status, download size, the GPU-memory check."""
+    rev = f" (revision {t['revision']})" if t.get("revision") else ""
+    if t["source"] == "hub":
+        if t["cached"]:
+            head = (f"cached in {t['cache_dir']} at commit {t['commit'][:12]}, "
+                    f"{human_bytes(t['bytes'])}")
+        elif t["built_here"]:
+            head = (f"not in the hub cache {t['cache_dir']} yet: build_tiny_target builds and "
+                    "publishes it there")
+        else:
+            size = (f"about {human_bytes(t['bytes'])} ({t['bytes_from']})" if t["bytes"]
+                    else "size unknown offline: set target.weights_gb")
+            head = (f"NOT in the hub cache {t['cache_dir']}: download_target will fetch it, "
+                    f"{size}")
+    elif t["source"] == "local folder":
+        head = f"local folder, {human_bytes(t['bytes'])}" if t["cached"] else "local folder"
+    else:
+        head = t["source"]
+    lines = [f"Target: {t['name']}{rev}: {head}"]
+    g = t.get("gpu_memory") or {}
+    if g:
+        if g["fits"] is None:  # no gpu_memory_gb: say which common GPUs hold it
+            verdict = "; " + ", ".join(
+                f"{gpu} {'holds' if gb * 1e9 >= g['min_gpu_bytes'] else 'does NOT hold'} it"
+                for gpu, gb in COMMON_GPUS) + " (set gpu_memory_gb to check yours)"
+        elif g["fits"]:
+            verdict = f"; fits the configured {human_bytes(g['gpu_bytes'])} GPUs"
+        else:
+            verdict = f"; DOES NOT FIT the configured {human_bytes(g['gpu_bytes'])} GPUs"
+        lines.append(f"  GPU memory: {human_bytes(g['weights_per_gpu_bytes'])} of weights per GPU "
+                     f"at tensor parallel {g['tensor_parallel_size']}; each GPU needs more than "
+                     f"{human_bytes(g['min_gpu_bytes'])} at memory utilisation "
+                     f"{g['memory_utilization']} (plus KV cache){verdict}")
+        lines.append(f"  If vLLM's GPU engine misbehaves on this target, {GPU_ENGINE_FALLBACK} "
+                     "in vllm.env selects its V1 model runner (the path the CPU tests run).")
+    return lines
+
+
 __all__ = [
     "Job",
     "classify_reason",
@@ -563,5 +678,6 @@ __all__ = [
     "make_plan",
     "parse_dry_run",
     "stage_summary",
+    "target_status",
     "topological_order",
 ]

@@ -116,13 +116,32 @@ def engine_env(run_dir) -> dict[str, str]:
         "XDG_CACHE_HOME": root / "cache",
         "TRITON_CACHE_DIR": root / "cache" / "triton",
         "TORCHINDUCTOR_CACHE_DIR": root / "cache" / "inductor",
+        # Where transformers copies a target's remote code (Kimi's tokenizer) to import it.
+        "HF_MODULES_CACHE": root / "cache" / "hf_modules",
     }
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     env = {k: str(v) for k, v in dirs.items()}
     # HF_HOME stays the user's unless unset: production targets live in the user's hub cache.
     env.setdefault("HF_HOME", os.environ.get("HF_HOME", str(root / "cache" / "huggingface")))
+    env.update(loopback_without_proxy())
     return env
+
+
+def loopback_without_proxy() -> dict[str, str]:
+    """`no_proxy`/`NO_PROXY` with loopback added: GPU clusters often set `http_proxy`, and a
+    request to the run's own server must never go through it."""
+    hosts = ["127.0.0.1", "localhost", "::1"]
+    out = {}
+    for name in ("no_proxy", "NO_PROXY"):
+        have = [h for h in os.environ.get(name, "").split(",") if h.strip()]
+        out[name] = ",".join([*have, *(h for h in hosts if h not in have)])
+    return out
+
+
+def bypass_proxy_for_loopback() -> None:
+    """Apply `loopback_without_proxy` to this process (its HTTP clients read the variables)."""
+    os.environ.update(loopback_without_proxy())
 
 
 def free_port() -> int:
@@ -154,9 +173,25 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`, from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 def stop_pid(pid: int, grace_s: float = 30.0) -> None:
-    """SIGTERM the process (and its process group, which it leads), then SIGKILL after grace."""
-    if not pid_alive(pid):
+    """SIGTERM the process and its process group (it leads one), then SIGKILL after grace, and
+    return only when every process of the group is gone: vLLM's engine and worker processes
+    hold the accelerators' memory until they exit, and the next server or the trainer must
+    not start before."""
+    if not pid_alive(pid) and not group_members(pid):
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -167,7 +202,7 @@ def stop_pid(pid: int, grace_s: float = 30.0) -> None:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not pid_alive(pid):
+            if not pid_alive(pid) and not group_members(pid):
                 return
             time.sleep(0.2)
 
@@ -186,6 +221,7 @@ def server_command(spec: ServerSpec, port: int) -> list[str]:
 def start(spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None,
           timeout_s: float = 900.0) -> Server:
     """Start a server detached (own session) and wait until it is healthy."""
+    bypass_proxy_for_loopback()  # this process's health checks and clients
     port = free_port()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +338,7 @@ def per_job_servers() -> bool:
 @contextlib.contextmanager
 def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float = 900.0):
     """Yield a healthy server for `spec`; a per-job server is stopped on exit, a leased one kept."""
+    bypass_proxy_for_loopback()
     if reuse and not per_job_servers():
         server = Lease(run_dir).acquire(spec, timeout_s=timeout_s)
         try:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from eaglenest.io import atomic_path, read_json
 
 
-def summarize_run(*, target: str, lr: float, acceptance_path, metrics_path, coverage_path, plan_path,
+def summarize_run(*, target, lr: float, acceptance_path, metrics_path, coverage_path, plan_path,
                   metadata_path, out_csv) -> list[tuple[str, object]]:
     import pandas as pd
 
     acc, metrics = read_json(acceptance_path), read_json(metrics_path)
     cov, plan, meta = read_json(coverage_path), read_json(plan_path), read_json(metadata_path)
     rows = [
-        ("target", target),
+        ("target", target.name + (f" @ {target.commit[:12]}" if target.commit else "")),
         ("target vocabulary", cov["target_vocab_size"]),
         ("draft vocabulary", cov["draft_vocab_size"]),
         ("draft vocabulary coverage", round(cov["coverage"], 4)),

@@ -173,3 +173,26 @@ def build_tiny_target(
     log.info("tiny target: %d layers, hidden %d, vocab %d -> %s", num_layers, hidden_size,
              vocab_size, out_dir)
     return Path(out_dir)
+
+
+def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
+    """The `build_tiny_target` rule: the tiny Llama into its folder, or the Kimi-K2.5
+    miniature published into the hub cache under its hub id (as a download would leave it), so
+    the workflow then resolves it exactly as it resolves `moonshotai/Kimi-K2.5`."""
+    import tempfile
+
+    from eaglenest.target import hub_cache_dir, publish_to_hub_cache
+
+    shape = dict(shape)
+    architecture = shape.pop("architecture", "llama")
+    if architecture == "llama":
+        build_tiny_target(target, [corpus], **shape)
+        return
+    from eaglenest.kimi_mini import build_kimi_mini
+
+    cache = hub_cache_dir(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
+        folder = build_kimi_mini(Path(tmp) / "model", [corpus], **shape)
+        commit = publish_to_hub_cache(folder, target, cache_dir)
+    log.info("published %s at commit %s into %s", target, commit, cache)

@@ -1,7 +1,7 @@
 """The `tokenize` stage: render regenerated conversations with the target's own chat template.
 
 Each conversation from `raw_responses.jsonl` is rendered with the target tokenizer's chat template
-(`apply_chat_template(..., tokenize=False)`), tokenized with the fast tokenizer, and given a loss
+(`apply_chat_template(..., tokenize=False)`), tokenized with the target's tokenizer, and given a loss
 mask that is 1 exactly on the tokens the assistant produced: its reasoning block (if rendered),
 its content and the end-of-turn token(s) that close its turn. Everything else -- BOS, system and
 user turns, role headers such as ``<|im_start|>assistant\\n`` -- is 0.
@@ -11,8 +11,11 @@ turn ``i`` starts is the render of ``messages[:i]`` with ``add_generation_prompt
 up to where the model would start writing), and the text where it ends is the render of
 ``messages[:i + 1]``. When both are real prefixes of the full render, their lengths give the
 turn's character span; trailing whitespace after the end-of-turn token (the ``\\n`` after
-``<|im_end|>``) is left out. Character spans become token spans through the fast tokenizer's
-offsets: a token is masked when its first character lies in a span.
+``<|im_end|>``) is left out. Character spans become token spans: a token is masked when its
+first character lies in a span. A fast tokenizer gives each token's characters (offsets); a
+slow or remote-code one (Kimi's tiktoken tokenizer) gives none, so there a span boundary is the
+length of the tokenization of the text before it (`token_index_at`), which the tests prove
+equal to the offsets on fast tokenizers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, iter_jsonl
+from eaglenest.target import load_tokenizer, read_shape
 
 ROLES = ("system", "user", "assistant")
 SKIP_REASONS = ("regeneration_failed", "overlong", "no_assistant_tokens")
@@ -46,43 +50,6 @@ _CHUNK_ROWS = 256  # rows rendered and tokenized per batch
 # --------------------------------------------------------------------------------------------
 # Target model: tokenizer, config vocab size, template
 # --------------------------------------------------------------------------------------------
-
-
-def load_tokenizer(target_dir):
-    """Load the target's fast tokenizer from its model dir (no remote code, no network)."""
-    target_dir = Path(target_dir)
-    if not target_dir.is_dir():
-        raise EaglenestError("target model directory does not exist", target_dir)
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False)
-    except Exception as e:  # transformers raises many types; the user needs the message
-        raise EaglenestError(f"cannot load the tokenizer: {type(e).__name__}: {e}", target_dir) from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise EaglenestError(
-            "the tokenizer is not a fast (Rust) tokenizer; a tokenizer.json is needed for "
-            "character offsets",
-            target_dir,
-        )
-    return tokenizer
-
-
-def target_vocab_size(target_dir) -> int:
-    """The model's embedding size from `config.json` (may exceed len(tokenizer): padded rows)."""
-    path = Path(target_dir) / "config.json"
-    if not path.exists():
-        raise EaglenestError("target model has no config.json", path)
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise EaglenestError(f"not valid JSON: {e}", path) from None
-    size = config.get("vocab_size")
-    if size is None and isinstance(config.get("text_config"), dict):  # multimodal wrappers
-        size = config["text_config"].get("vocab_size")
-    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-        raise EaglenestError(f"config.json has no positive integer vocab_size (got {size!r})", path)
-    return size
 
 
 def chat_template_text(tokenizer) -> str:
@@ -345,11 +312,13 @@ def encoding_mask(encoding, spans, n_chars: int) -> np.ndarray:
     return mask
 
 
-def encode_conversations(tokenizer, conversations: list[list[dict]], names=None) -> list[dict]:
+def encode_conversations(tokenizer, conversations: list[list[dict]], names=None,
+                         force_prefix_boundaries: bool = False) -> list[dict]:
     """Render, tokenize and mask template-ready conversations (each ends with an assistant turn).
 
     Returns one dict per conversation: ``input_ids`` (int64 array), ``loss_mask`` (uint8 array),
     ``text`` (the full render), ``spans`` (assistant char spans) and ``unmasked_turns``.
+    `force_prefix_boundaries` takes the no-offsets path on a fast tokenizer (to test it).
     """
     names = names if names is not None else [None] * len(conversations)
     fulls = _render(tokenizer, conversations, add_generation_prompt=False)
@@ -391,20 +360,56 @@ def encode_conversations(tokenizer, conversations: list[list[dict]], names=None)
         return_token_type_ids=False,
         verbose=False,
     )
+    use_offsets = getattr(tokenizer, "is_fast", False) and not force_prefix_boundaries
     results = []
-    for ci, e in enumerate(enc.encodings):
-        ids = np.asarray(e.ids, dtype=np.int64)
+    for ci, full in enumerate(fulls):
         spans, unmasked = spans_all[ci]
-        results.append(
-            {
-                "input_ids": ids,
-                "loss_mask": encoding_mask(e, spans, len(fulls[ci])),
-                "text": fulls[ci],
-                "spans": spans,
-                "unmasked_turns": unmasked,
-            }
-        )
+        if use_offsets:
+            e = enc.encodings[ci]
+            ids = np.asarray(e.ids, dtype=np.int64)
+            mask = encoding_mask(e, spans, len(full))
+        else:
+            ids = np.asarray(enc["input_ids"][ci], dtype=np.int64)
+            mask = prefix_mask(tokenizer, full, ids, spans)
+        results.append({"input_ids": ids, "loss_mask": mask, "text": full, "spans": spans,
+                        "unmasked_turns": unmasked})
     return results
+
+
+def token_index_at(tokenizer, text: str, ids, pos: int) -> int:
+    """Index of the first token of `ids` (the tokenization of `text`) that starts at or after
+    character `pos`, without character offsets.
+
+    Where the tokenization of ``text[:pos]`` is a prefix of `ids` (a boundary at a special token
+    or between pre-tokenizer words: the usual case at a turn boundary), its length is the
+    answer. Where a token straddles `pos`, the answer is the first token whose decoded prefix
+    reaches `pos` (binary search on decoded lengths)."""
+    n = len(ids)
+    if pos <= 0:
+        return 0
+    if pos >= len(text):
+        return n
+    prefix = tokenizer(text[:pos], add_special_tokens=False)["input_ids"]
+    if len(prefix) <= n and np.array_equal(ids[: len(prefix)], prefix):
+        return len(prefix)
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        decoded = tokenizer.decode(ids[:mid].tolist(), skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+        if len(decoded) >= pos:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def prefix_mask(tokenizer, text: str, ids: np.ndarray, spans) -> np.ndarray:
+    """`assistant_mask` for a tokenizer without offsets (see `token_index_at`)."""
+    mask = np.zeros(len(ids), dtype=np.uint8)
+    for s, e in spans:
+        mask[token_index_at(tokenizer, text, ids, s):token_index_at(tokenizer, text, ids, e)] = 1
+    return mask
 
 
 def _name(rid) -> str:
@@ -418,7 +423,7 @@ def _name(rid) -> str:
 
 def tokenize_responses(
     responses_path,
-    tokenizer_path,
+    target_dir,
     max_seq_len: int,
     overlong: str,
     out_data,
@@ -426,10 +431,12 @@ def tokenize_responses(
     out_metadata,
     target_name: str = "",
     target_revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict:
     """Tokenize `raw_responses.jsonl` for draft training; write data, token counts, metadata.
 
-    `tokenizer_path` is the target model dir (tokenizer files, chat template and config.json).
+    `target_dir` is the target model folder (tokenizer files, chat template and config.json);
+    its tokenizer is loaded as it ships (remote code with `trust_remote_code`).
     Outputs appear only if the whole run succeeds. Returns the metadata dict.
     """
     import torch
@@ -442,8 +449,8 @@ def tokenize_responses(
     if not responses_path.exists():
         raise EaglenestError("file does not exist", responses_path)
 
-    tokenizer = load_tokenizer(tokenizer_path)
-    vocab_size = target_vocab_size(tokenizer_path)
+    tokenizer = load_tokenizer(target_dir, trust_remote_code)
+    vocab_size = read_shape(target_dir, require=("vocab_size",)).vocab_size
     tok_vocab = len(tokenizer)
     template_hash = chat_template_hash(tokenizer)
     mode = reasoning_mode(tokenizer)
@@ -493,7 +500,7 @@ def tokenize_responses(
                 if top >= vocab_size:
                     raise EaglenestError(
                         f"id {rid!r}: token id {top} is outside the target's vocab "
-                        f"(config.json vocab_size {vocab_size})",
+                        f"(its config's vocab_size {vocab_size})",
                         responses_path,
                     )
             was_truncated = False
@@ -640,9 +647,7 @@ __all__ = [
     "chat_template_text",
     "encode_conversations",
     "encoding_mask",
-    "load_tokenizer",
     "prepare_messages",
     "reasoning_mode",
-    "target_vocab_size",
     "tokenize_responses",
 ]

@@ -115,11 +115,15 @@ def spec_key(args: list[str]) -> str:
 
 def trainer_args(*, target: str, data_dir, save_path, draft_config, d2t_npy, t2d_npy,
                  draft_vocab_size: int, aux_layer_ids: list[int], hp: dict, cpu: bool,
-                 log_dir) -> list[str]:
-    """speculators' `train` flags for one EAGLE-3 run (hp: the config's `train` section)."""
+                 log_dir, trust_remote_code: bool = False) -> list[str]:
+    """speculators' `train` flags for one EAGLE-3 run (hp: the config's `train` section;
+    `target`: the resolved target folder, a hub snapshot for a hub id)."""
     args = [
         "--speculator-type", "eagle3",
         "--verifier-name-or-path", str(Path(target).resolve()),
+        # EAGLE-3 never uses a mask token; naming one keeps speculators from building the
+        # target's processor (image processor, remote-code tokenizer) just to pick one.
+        "--mask-token-id", "0",
         "--data-path", str(data_dir),
         "--save-path", str(save_path),
         "--draft-config", str(draft_config),
@@ -139,20 +143,28 @@ def trainer_args(*, target: str, data_dir, save_path, draft_config, d2t_npy, t2d
         "--log-dir", str(log_dir),
         "--scheduler-type", hp.get("scheduler", "none"),
     ]
+    if trust_remote_code:
+        args.append("--trust-remote-code")
     if cpu:
         # The fused loss is a Triton kernel and FlexAttention has no CPU backward.
         args += ["--loss-implementation", "eager", "--draft-attn-impl", "sdpa"]
     return args
 
 
-def run_trainer(args: list[str], gpus: int, log_file, metrics_file) -> None:
-    """Run speculators' trainer in a child process (torchrun when several GPUs), recording
-    per-epoch metrics to `metrics_file`."""
+def trainer_command(args: list[str], gpus: int) -> list[str]:
+    """The trainer's command line: torchrun with one rank per GPU when there are several."""
     if gpus > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={gpus}",
-               "-m", "eaglenest.train", *args]
-    else:
-        cmd = [sys.executable, "-m", "eaglenest.train", *args]
+        # --standalone: a rendezvous on a free local port, so two runs on one node (or a port
+        # left in TIME_WAIT) never collide on torchrun's default 29500.
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={gpus}", "-m", "eaglenest.train", *args]
+    return [sys.executable, "-m", "eaglenest.train", *args]
+
+
+def run_trainer(args: list[str], gpus: int, log_file, metrics_file) -> None:
+    """Run speculators' trainer in a child process, recording per-epoch metrics to
+    `metrics_file`."""
+    cmd = trainer_command(args, gpus)
     log.info("$ %s", " ".join(cmd))
     with open(log_file, "ab") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
@@ -235,10 +247,11 @@ def plot_curves(metrics: list[dict], out_png) -> None:
     plt.close(fig)
 
 
-def train_stage(*, run_dir, target: str, shard_dirs, tokenized_path, t2d_npy, d2t_npy,
+def train_stage(*, run_dir, target, shard_dirs, tokenized_path, t2d_npy, d2t_npy,
                 draft_config_path, hp: dict, gpus: int, device: str, out_checkpoint,
                 out_metrics, out_curves, log_file) -> dict:
-    """The `train_draft` rule: assemble the trainer's inputs, train (resuming), keep the result."""
+    """The `train_draft` rule: assemble the trainer's inputs, train (resuming), keep the result.
+    `target` is the resolved target (eaglenest.target.Target)."""
     import shutil
 
     from eaglenest.hidden_states import link_training_data
@@ -261,12 +274,13 @@ def train_stage(*, run_dir, target: str, shard_dirs, tokenized_path, t2d_npy, d2
     done = epochs_done(save_path)
     log.info("training spec %s: %d of %d epochs already done%s", key, len(done), hp["epochs"],
              " (resuming)" if done else "")
-    args = trainer_args(target=target, data_dir=data_dir, save_path=save_path,
+    args = trainer_args(target=target.path, data_dir=data_dir, save_path=save_path,
                         draft_config=draft_config_path, d2t_npy=Path(d2t_npy).resolve(),
                         t2d_npy=Path(t2d_npy).resolve(),
                         draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
                         aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"], hp=hp,
-                        cpu=resolve_device(device) == "cpu", log_dir=work / "logs")
+                        cpu=resolve_device(device) == "cpu", log_dir=work / "logs",
+                        trust_remote_code=target.trust_remote_code)
     gpus_here = gpus if resolve_device(device) == "cuda" else 1
     metrics_file = work / "epoch_metrics.jsonl"
     run_trainer(args, gpus_here, log_file, metrics_file)

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path, read_json
+from eaglenest.io import atomic_path
+from eaglenest.target import read_shape
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ __all__ = [
     "compute_vocab_mapping",
     "coverage_sizes",
     "load_token_counts",
-    "read_target_vocab_size",
     "write_coverage_plot",
 ]
 
@@ -94,33 +94,6 @@ class VocabMapping:
 
 # --------------------------------------------------------------------------------------------
 # Reading inputs
-
-
-def read_target_vocab_size(config_path) -> int:
-    """The target's vocabulary size from its config.json (a model folder or the file itself).
-
-    Taken from the config rather than the largest id seen, because the LM head (and so `t2d`)
-    spans the whole vocabulary even where the data never reached its top ids. Multimodal configs
-    keep it under `text_config`, which wins, as in speculators.
-    """
-    path = Path(config_path)
-    if path.is_dir():
-        path = path / "config.json"
-    config = read_json(path)
-    if not isinstance(config, dict):
-        raise EaglenestError("expected a JSON object (a model config)", path)
-    text_config = config.get("text_config")
-    candidates = []
-    if isinstance(text_config, dict) and "vocab_size" in text_config:
-        candidates.append(("text_config.vocab_size", text_config["vocab_size"]))
-    if "vocab_size" in config:
-        candidates.append(("vocab_size", config["vocab_size"]))
-    if not candidates:
-        raise EaglenestError("no vocab_size (looked at the top level and in text_config)", path)
-    key, value = candidates[0]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EaglenestError(f"{key} must be a positive integer, got {value!r}", path)
-    return value
 
 
 def _as_int64_counts(values: np.ndarray, path, what: str, dtype_name: str, ids=None):
@@ -428,7 +401,7 @@ def build_vocab_mapping(
             "give the target config or the target vocabulary size, not both", target_config
         )
     if target_config is not None:
-        target_vocab_size = read_target_vocab_size(target_config)
+        target_vocab_size = read_shape(target_config, require=("vocab_size",)).vocab_size
     elif target_vocab_size is not None and (
         isinstance(target_vocab_size, bool) or int(target_vocab_size) < 1
     ):

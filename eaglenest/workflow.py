@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from pathlib import Path
 
-from eaglenest.errors import EaglenestError
-
 PACKAGE_DIR = Path(__file__).resolve().parent
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def setup_logging(log_path) -> logging.Logger:
@@ -48,27 +44,6 @@ def code_hash(*modules: str) -> str:
     return h.hexdigest()[:16]
 
 
-def check_target(path: str, built_here: bool) -> None:
-    """A target is a folder (existing or built by the workflow) or a Hugging Face id."""
-    if built_here or Path(path).exists():
-        return
-    if path.startswith((".", "/", "~")) or not HUB_ID.match(path):
-        raise EaglenestError("target path does not exist (and is not a Hugging Face id "
-                             "'org/name')", path)
-
-
-def target_config_path(path: str, revision: str | None = None) -> Path:
-    """The target's config.json: in its folder, or fetched (config only) from the hub."""
-    local = Path(path) / "config.json"
-    if local.exists():
-        return local
-    if Path(path).exists():
-        raise EaglenestError("target folder has no config.json", path)
-    from huggingface_hub import hf_hub_download
-
-    return Path(hf_hub_download(path, "config.json", revision=revision))
-
-
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
@@ -78,15 +53,14 @@ def resolve_device(device: str) -> str:
 
 
 def vllm_base_args(vcfg: dict, target_cfg: dict) -> tuple[str, ...]:
-    """Flags every server of the run shares (the model itself is the spec's)."""
+    """Flags every server of the run shares (the model itself is the spec's: the resolved
+    target folder, a hub snapshot pinned to its commit, so no --revision)."""
     args = ["--dtype", vcfg["dtype"], "--max-model-len", str(vcfg["max_model_len"]),
             "--tensor-parallel-size", str(vcfg.get("tensor_parallel_size", 1))]
     if vcfg.get("enforce_eager"):
         args.append("--enforce-eager")
     if target_cfg.get("trust_remote_code"):
         args.append("--trust-remote-code")
-    if target_cfg.get("revision"):
-        args += ["--revision", target_cfg["revision"]]
     return (*args, *vcfg.get("extra_args", []))
 
 

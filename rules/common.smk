@@ -7,17 +7,24 @@ from snakemake.utils import validate
 
 from eaglenest.errors import EaglenestError
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
-from eaglenest.workflow import check_target, code_hash, vllm_base_args, vllm_env
+from eaglenest.target import cache_key_file, check_target, is_hub_id
+from eaglenest.workflow import code_hash, vllm_base_args, vllm_env
 
 validate(config, schema="../config/schemas/config.schema.yaml")
 
 RUN = config["run_dir"]
 TARGET = config["target"]["path"]
 BUILD_TINY = bool(config["target"].get("build_tiny"))
+TINY_ARCHITECTURE = (config["target"].get("build_tiny") or {}).get("architecture", "llama")
+# A hub id resolves through the hub cache (the configured one, else huggingface_hub's own).
+TARGET_ON_HUB = is_hub_id(TARGET)
+TARGET_CACHE = config["target"].get("cache_dir")
+# Every stage that reads the target takes this record (folder, commit, files, shape) as input.
+TARGET_RECORD = f"{RUN}/target.json"
 GPUS = config["gpus"]
 NUM_SHARDS = config["hidden_states"]["num_shards"]
 SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)]
-# The files the tiny-target rule writes; a production target is the user's folder or hub id.
+# The files the tiny Llama rule writes; a production target is the user's folder or hub id.
 TARGET_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
 try:
@@ -30,11 +37,18 @@ except EaglenestError as e:
 os.environ.setdefault(WORKFLOW_PID_ENV, str(os.getpid()))
 
 
-def target_input():
-    """The target's config.json as a file input: built here, a local folder, or none (hub id)."""
-    if BUILD_TINY or Path(TARGET).exists():
-        return f"{TARGET}/config.json"
-    return []
+def target_source_files():
+    """The files whose change means a new target, as resolve_target's input.
+
+    A hub id: the cache file that changes when a new revision lands (refs/BRANCH, or the pinned
+    commit's config.json), made by build_tiny_target or download_target when missing. A local
+    folder: its files. Planning reads the local file system only, never the network.
+    """
+    if TARGET_ON_HUB:
+        return [str(cache_key_file(TARGET, config["target"].get("revision"), TARGET_CACHE))]
+    if BUILD_TINY:
+        return [f"{TARGET}/{name}" for name in TARGET_FILES]
+    return sorted(str(f) for f in Path(TARGET).rglob("*") if f.is_file())
 
 
 def tiny_target_corpus():
@@ -43,6 +57,12 @@ def tiny_target_corpus():
     real model."""
     path = Path(config["target"]["build_tiny"].get("corpus", "data/tiny_target/corpus.jsonl"))
     return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+
+
+def tiny_target_code():
+    """Code hash of the builder in use: editing the Kimi builder must not rebuild the Llama."""
+    builder = "kimi_mini" if TINY_ARCHITECTURE == "kimi_k25" else "tiny_target"
+    return code_hash("tiny_target", builder, "target")
 
 
 def prompt_source_files():

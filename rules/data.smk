@@ -7,15 +7,50 @@ if BUILD_TINY:
         input:
             corpus=tiny_target_corpus(),
         output:
-            [f"{TARGET}/{name}" for name in TARGET_FILES],
+            # A hub-id target is published into the hub cache, as a download would leave it.
+            target_source_files(),
         params:
-            target=lambda w, output: str(Path(output[0]).parent),
+            target=TARGET,
+            cache_dir=TARGET_CACHE,
             shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
-            code=code_hash("tiny_target"),
+            code=tiny_target_code(),
         log:
             f"{RUN}/logs/build_tiny_target.log",
         script:
             "../scripts/build_tiny_target.py"
+
+elif TARGET_ON_HUB:
+
+    rule download_target:
+        output:
+            # Present when the cache holds the revision: then this rule does not run.
+            target_source_files(),
+        params:
+            target=TARGET,
+            revision=config["target"].get("revision"),
+            cache_dir=TARGET_CACHE,
+            code=code_hash("target"),
+        log:
+            f"{RUN}/logs/download_target.log",
+        script:
+            "../scripts/download_target.py"
+
+
+rule resolve_target:
+    input:
+        target_source_files(),
+    output:
+        record=TARGET_RECORD,
+    params:
+        target=TARGET,
+        revision=config["target"].get("revision"),
+        cache_dir=TARGET_CACHE,
+        trust_remote_code=config["target"]["trust_remote_code"],
+        code=code_hash("target"),
+    log:
+        f"{RUN}/logs/resolve_target.log",
+    script:
+        "../scripts/resolve_target.py"
 
 
 rule prepare_prompts:
@@ -39,12 +74,11 @@ rule prepare_prompts:
 rule regenerate_responses:
     input:
         prompts=rules.prepare_prompts.output.train,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         responses=f"{RUN}/responses/raw_responses.jsonl",
     params:
         run_dir=RUN,
-        target=TARGET,
         server=server_params(),
         reasoning_parser=config["target"].get("reasoning_parser"),
         sampling={k: config["regenerate"][k] for k in ("max_tokens", "temperature", "top_p", "n")
@@ -52,7 +86,7 @@ rule regenerate_responses:
         concurrency=config["regenerate"]["concurrency"],
         max_retries=config["regenerate"]["max_retries"],
         request_timeout_s=config["regenerate"]["request_timeout_s"],
-        code=code_hash("regenerate", "server"),
+        code=code_hash("regenerate", "server", "target"),
     resources:
         gpu=GPUS,
     log:
@@ -64,18 +98,17 @@ rule regenerate_responses:
 rule tokenize:
     input:
         responses=rules.regenerate_responses.output.responses,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         data=f"{RUN}/tokenized/tokenized_data.jsonl",
         freq=f"{RUN}/tokenized/token_freq.pt",
         metadata=f"{RUN}/tokenized/metadata.json",
     params:
-        target=TARGET,
+        run_dir=RUN,
         max_seq_len=config["tokenize"]["max_seq_len"],
         overlong=config["tokenize"]["overlong"],
         target_name=config["target"]["name"],
-        target_revision=config["target"].get("revision"),
-        code=code_hash("tokenize"),
+        code=code_hash("tokenize", "target"),
     log:
         f"{RUN}/logs/tokenize.log",
     script:

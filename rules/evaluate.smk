@@ -6,7 +6,7 @@ rule evaluate_acceptance:
         draft=rules.export_draft.output.draft,
         prompts=rules.prepare_prompts.output.eval,
         metadata=rules.tokenize.output.metadata,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         acceptance=f"{RUN}/eval/acceptance.json",
         table=report(f"{RUN}/eval/acceptance.csv", caption="../report/acceptance.rst",
@@ -15,13 +15,12 @@ rule evaluate_acceptance:
                     caption="../report/per_position_acceptance.rst", category="Acceptance"),
     params:
         run_dir=RUN,
-        target=TARGET,
         server=server_params(),
         k=config["evaluate"]["num_speculative_tokens"],
         max_tokens=config["evaluate"]["max_tokens"],
         concurrency=config["evaluate"]["concurrency"],
         ngram=config["evaluate"].get("ngram", {}),
-        code=code_hash("evaluate", "server", "tokenize"),
+        code=code_hash("evaluate", "server", "tokenize", "target"),
     resources:
         gpu=GPUS,
     log:
@@ -37,13 +36,13 @@ rule run_summary:
         coverage=rules.build_vocab_mapping.output.coverage,
         plan=rules.plan_hidden_states.output.plan,
         metadata=rules.tokenize.output.metadata,
+        target=rules.resolve_target.output.record,
     output:
         summary=report(f"{RUN}/run_summary.csv", caption="../report/run_summary.rst",
                        category="Run"),
     params:
-        target=TARGET,
         lr=config["train"]["lr"],
-        code=code_hash("summary"),
+        code=code_hash("summary", "target"),
     log:
         f"{RUN}/logs/run_summary.log",
     script:

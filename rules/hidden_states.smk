@@ -7,16 +7,15 @@
 rule plan_hidden_states:
     input:
         metadata=rules.tokenize.output.metadata,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         plan=f"{RUN}/hidden_states/plan.json",
     params:
-        target=TARGET,
         aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         disk_margin_gb=config["hidden_states"].get("disk_margin_gb", 0),
-        code=code_hash("hidden_states"),
+        code=code_hash("hidden_states", "target"),
     log:
         f"{RUN}/logs/plan_hidden_states.log",
     script:
@@ -27,21 +26,19 @@ rule extract_hidden_states:
     input:
         data=rules.tokenize.output.data,
         plan=rules.plan_hidden_states.output.plan,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         shard=directory(f"{RUN}/hidden_states/shard_{{k}}"),
     wildcard_constraints:
         k=r"\d+",
     params:
         run_dir=RUN,
-        target=TARGET,
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         backend=config["hidden_states"]["backend"],
         concurrency=config["hidden_states"].get("concurrency", 4),
         server=server_params(),
-        trust_remote_code=config["target"].get("trust_remote_code", False),
-        code=code_hash("hidden_states", "server", "cpu_connector"),
+        code=code_hash("hidden_states", "server", "cpu_connector", "target"),
     resources:
         gpu=GPUS,
     log:

@@ -8,7 +8,7 @@ rule train_draft:
         t2d=rules.build_vocab_mapping.output.t2d_npy,
         d2t=rules.build_vocab_mapping.output.d2t_npy,
         draft_config=rules.draft_config.output.config,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         checkpoint=directory(f"{RUN}/train/checkpoint"),
         metrics=f"{RUN}/train/train_metrics.json",
@@ -16,11 +16,10 @@ rule train_draft:
                       category="Training"),
     params:
         run_dir=RUN,
-        target=TARGET,
         hp=config["train"],
         gpus=GPUS,
         device=config["vllm"]["device"],
-        code=code_hash("train", "contracts", "hidden_states"),
+        code=code_hash("train", "contracts", "hidden_states", "target"),
     resources:
         gpu=GPUS,
     log:
@@ -35,13 +34,12 @@ rule export_draft:
         t2d=rules.build_vocab_mapping.output.t2d_pt,
         d2t=rules.build_vocab_mapping.output.d2t_pt,
         draft_config=rules.draft_config.output.config,
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         draft=directory(f"{RUN}/draft"),
     params:
-        target=TARGET,
         max_model_len=config["vllm"]["max_model_len"],
-        code=code_hash("export"),
+        code=code_hash("export", "target"),
     log:
         f"{RUN}/logs/export_draft.log",
     script:

@@ -4,7 +4,7 @@
 rule build_vocab_mapping:
     input:
         token_freq=rules.tokenize.output.freq,
-        target_config=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         t2d_pt=f"{RUN}/vocab/t2d.pt",
         d2t_pt=f"{RUN}/vocab/d2t.pt",
@@ -14,10 +14,9 @@ rule build_vocab_mapping:
         coverage_plot=report(f"{RUN}/vocab/vocab_coverage.png",
                              caption="../report/vocab_coverage.rst", category="Vocabulary"),
     params:
-        target=TARGET,
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         always_keep_ids=config["vocab"].get("always_keep_ids", []),
-        code=code_hash("vocab"),
+        code=code_hash("vocab", "target"),
     log:
         f"{RUN}/logs/build_vocab_mapping.log",
     script:
@@ -26,16 +25,15 @@ rule build_vocab_mapping:
 
 rule draft_config:
     input:
-        target=target_input(),
+        target=rules.resolve_target.output.record,
     output:
         config=f"{RUN}/draft_config.json",
     params:
-        target=TARGET,
         aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         draft_layers=config["train"]["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
-        code=code_hash("draft_config"),
+        code=code_hash("draft_config", "target"),
     log:
         f"{RUN}/logs/draft_config.log",
     script:

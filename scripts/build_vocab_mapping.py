@@ -2,6 +2,7 @@
 
 import logging
 
+from eaglenest.target import load_target
 from eaglenest.vocab import MappingPaths, build_vocab_mapping
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
@@ -14,7 +15,7 @@ try:
         int(sm.params.draft_vocab_size),
         MappingPaths(out.t2d_pt, out.d2t_pt, out.t2d_npy, out.d2t_npy,
                      coverage_json=out.coverage, coverage_plot=out.coverage_plot),
-        target_config=sm.input.target_config,
+        target_vocab_size=load_target(sm.input.target).shape["vocab_size"],
         always_keep_ids=[int(i) for i in (sm.params.always_keep_ids or ())],
     )
 except Exception:

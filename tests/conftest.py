@@ -20,6 +20,15 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 GPU_RULES = {"regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"}
 
 
+def target_record(folder: Path, record: Path, trust_remote_code: bool = False) -> Path:
+    """What the resolve_target rule writes for a local model folder, as adapter tests need it."""
+    from eaglenest.target import resolve_stage
+
+    resolve_stage(name=str(folder), revision=None, cache_dir=None,
+                  trust_remote_code=trust_remote_code, out_record=record)
+    return record
+
+
 def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
@@ -31,12 +40,12 @@ def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
 
 
 def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 3000,
-              check: bool = True) -> subprocess.CompletedProcess:
+              check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the repository's workflow with `workdir` as working directory."""
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
            "--configfile", str(configfile), "--resources", "gpu=8", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
                              f"{proc.stderr[-8000:]}")
@@ -73,3 +82,20 @@ def default_run(tmp_path_factory):
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)  # kept for timings
     return {"workdir": workdir, "config": cfg, "configfile": configfile,
             "run_dir": workdir / cfg["run_dir"], "log": proc.stdout + proc.stderr}
+
+
+@pytest.fixture(scope="session")
+def kimi_mini_run(tmp_path_factory):
+    """The seed case's miniature (config/kimi-mini.yaml), run once: a Kimi-K2.5-shaped target
+    built, published into a hub cache and resolved by its hub id, with a remote-code tokenizer
+    and a thinking template. HF_HOME points into the scratch folder, so a run that wrote to the
+    user's cache would show there."""
+    workdir = tmp_path_factory.mktemp("kimi_mini_run")
+    cfg = yaml.safe_load((REPO / "config" / "kimi-mini.yaml").read_text())
+    configfile = write_config(workdir, cfg)
+    env = {"HF_HOME": str(workdir / "hf-home"), "HF_HUB_OFFLINE": "1"}
+    proc = snakemake(workdir, configfile, "--cores", "2", env=env)
+    (workdir / "run.log").write_text(proc.stdout + proc.stderr)
+    return {"workdir": workdir, "config": cfg, "configfile": configfile, "env": env,
+            "run_dir": workdir / cfg["run_dir"], "cache": workdir / cfg["target"]["cache_dir"],
+            "log": proc.stdout + proc.stderr}

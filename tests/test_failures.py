@@ -140,10 +140,10 @@ def test_tokenize_bad_conversation(tmp_path, target, messages, problem):
 
 
 def test_tokenize_served_token_id_outside_vocab(tmp_path, target):
-    from eaglenest.tokenize import load_tokenizer, target_vocab_size
+    from eaglenest.target import load_tokenizer, read_shape
 
     tok = load_tokenizer(target)
-    vocab = target_vocab_size(target)
+    vocab = read_shape(target).vocab_size
     row = reply("served")
     prompt = tok.apply_chat_template(row["messages"][:-1], tokenize=False,
                                      add_generation_prompt=True)

@@ -206,7 +206,8 @@ def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run,
     plan = json.loads((run / "hidden_states" / "plan.json").read_text())
     num_shards = default_run["config"]["hidden_states"]["num_shards"]
     extract_shard_transformers(str(run / "target"), run / "tokenized" / "tokenized_data.jsonl",
-                               tmp_path / "shard_0", shard=0, num_shards=num_shards,
+                               tmp_path / "shard_0", num_rows=plan["samples"], shard=0,
+                               num_shards=num_shards,
                                aux_layer_ids=plan["aux_layer_ids"], dtype="bfloat16", meta={})
     vllm_files = sorted((run / "hidden_states" / "shard_0").glob("hs_*.safetensors"))
     assert vllm_files

@@ -264,3 +264,42 @@ def test_estimate_uses_measured_tokens_when_tokenized_data_stays(tmp_path):
     assert hs["bytes"] == 1000 * 4 * 64 * 4 and hs["basis"].startswith("measured")
     hs = estimate_hidden_states(cfg, tmp_path, rebuilding={"tokenize"})
     assert hs["bytes"] is None and "samples" in hs["basis"]  # an hf source without a size
+
+
+def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, capsys, tmp_path):
+    """Offline, the plan says whether the hub id is cached (and what a download would be),
+    whether its weights fit the GPUs, and the engine fallback to try on a GPU."""
+    import huggingface_hub.constants as constants
+
+    from eaglenest.target import publish_to_hub_cache
+
+    empty = tmp_path / "empty-hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(empty))
+    monkeypatch.setenv("HF_HUB_CACHE", str(empty))  # the dry run's snakemake process
+    monkeypatch.chdir(workflow)
+    kimi = ["plan", "--configfile", "config/kimi-k2.5.yaml"]
+    assert cli.main(kimi) == 0
+    out = capsys.readouterr().out
+    assert f"Target: moonshotai/Kimi-K2.5: NOT in the hub cache {empty}" in out
+    assert "download_target will fetch it, about 595.00 GB (target.weights_gb)" in out
+    assert "74.38 GB of weights per GPU at tensor parallel 8" in out
+    assert "fits the configured 141.00 GB GPUs" in out
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in out
+    assert "  download_target " in out
+
+    assert cli.main([*kimi, "--config", "gpu_memory_gb=80"]) == 0
+    assert "DOES NOT FIT the configured 80.00 GB GPUs" in capsys.readouterr().out
+
+    # The same id once it is in the cache: its commit and size, and nothing to download.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"model_type": "kimi_k25", "text_config": {"vocab_size": 163840, "hidden_size": 7168,
+                                                   "num_hidden_layers": 61}}))
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    cache = tmp_path / "hub"
+    commit = publish_to_hub_cache(model, "moonshotai/Kimi-K2.5", cache)
+    assert cli.main([*kimi, "--config", f"target={{cache_dir: {cache}}}"]) == 0
+    out = capsys.readouterr().out
+    assert f"Target: moonshotai/Kimi-K2.5: cached in {cache} at commit {commit[:12]}" in out
+    assert "download_target" not in out

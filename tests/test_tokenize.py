@@ -22,9 +22,9 @@ from eaglenest.tokenize import (
     assistant_mask,
     chat_template_hash,
     encode_conversations,
-    load_tokenizer,
     tokenize_responses,
 )
+from eaglenest.target import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -80,7 +80,7 @@ def make_target(tmp_path, base_tokenizers):
         )
         fast.chat_template = template
         fast.save_pretrained(d)
-        cfg = {"model_type": "llama"}
+        cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 8}
         if vocab_size is not None:
             cfg["vocab_size"] = vocab_size
         (d / "config.json").write_text(json.dumps(cfg))
@@ -273,6 +273,28 @@ def test_boundary_lookup_matches_offsets_with_multibyte_text(make_target):
     assert masked == "<think>\n\u4e8c\u52a0\u4e8c\n</think>\n\n\u00e9\u00e9 caf\u00e9 \U0001f98a fox<|im_end|>"
 
 
+@pytest.mark.parametrize("template", ["chatml", "qwen3"])
+def test_masks_without_offsets_equal_the_offset_masks(make_target, template):
+    """Slow and remote-code tokenizers (Kimi's tiktoken one) have no character offsets: their
+    boundaries come from tokenizing the text before each one. On fast tokenizers both ways
+    must give the same mask, token for token, including turns that start or end inside a run
+    of whitespace or multi-byte characters, where one token straddles the boundary."""
+    tok = load_tokenizer(make_target(CHATML if template == "chatml" else QWEN3))
+    convs = [
+        [SYSTEM, USER, {"role": "assistant", "content": "four", "reasoning_content": "two"}],
+        [USER, {"role": "assistant", "content": "\n\n  leading blank lines"}],
+        [USER, {"role": "assistant", "content": "\u00e9\u00e9 caf\u00e9 \U0001f98a"},
+         {"role": "user", "content": "\U0001f98a"}, {"role": "assistant", "content": " x  "}],
+        [USER, {"role": "assistant", "content": ""}],
+    ]  # fmt: skip
+    with_offsets = encode_conversations(tok, convs)
+    without = encode_conversations(tok, convs, force_prefix_boundaries=True)
+    for a, b in zip(with_offsets, without, strict=True):
+        assert a["input_ids"].tolist() == b["input_ids"].tolist()
+        assert a["loss_mask"].tolist() == b["loss_mask"].tolist()
+        assert a["loss_mask"].sum() > 0
+
+
 # --------------------------------------------------------------------------------------------
 # Lengths, counts, metadata, token_freq
 # --------------------------------------------------------------------------------------------
@@ -389,7 +411,7 @@ def test_missing_target_dir(tmp_path):
 
 def test_missing_config_vocab(tmp_path, make_target):
     target = make_target(CHATML, vocab_size=None)
-    with pytest.raises(EaglenestError, match="no positive integer vocab_size"):
+    with pytest.raises(EaglenestError, match="vocab_size must be a positive integer"):
         run(tmp_path, target, [conv()])
     out = tmp_path / "out"
     assert not out.exists() or list(out.iterdir()) == []
@@ -414,12 +436,16 @@ def test_bad_policy(tmp_path, make_target):
 
 
 def test_snakemake_adapter(tmp_path, make_target):
+    from conftest import target_record
+
     target = make_target(CHATML)
+    (target / "model.safetensors").write_bytes(b"\0")  # resolve_target wants weights
+    record = target_record(target, tmp_path / "target.json")
     responses = write_rows(tmp_path / "raw.jsonl", [conv()])
     out = tmp_path / "out"
     sm = types.SimpleNamespace(
-        input=types.SimpleNamespace(responses=str(responses), target=str(target / "config.json")),
-        params=types.SimpleNamespace(target=str(target), max_seq_len=64, overlong="drop", target_name="t", target_revision=None),
+        input=types.SimpleNamespace(responses=str(responses), target=str(record)),
+        params=types.SimpleNamespace(run_dir=str(tmp_path / "run"), max_seq_len=64, overlong="drop", target_name="t"),
         output=types.SimpleNamespace(data=str(out / "d.jsonl"), freq=str(out / "f.pt"), metadata=str(out / "m.json")),
         log=[str(tmp_path / "log.txt")],
     )

@@ -53,3 +53,19 @@ def test_an_epoch_rerun_after_an_interrupt_keeps_its_last_record(tmp_path):
 
 def test_no_record_yet_is_an_empty_history(tmp_path):
     assert collect_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
+    from eaglenest.train import trainer_args, trainer_command
+
+    args = trainer_args(target="/models/k", data_dir="d", save_path="s", draft_config="c.json",
+                        d2t_npy="d2t.npy", t2d_npy="t2d.npy", draft_vocab_size=32,
+                        aux_layer_ids=[2, 4, 5], hp={"epochs": 1, "lr": 1e-3,
+                        "optimizer": "adamw", "ttt_steps": 3, "total_seq_len": 64,
+                        "dtype": "float32", "train_data_ratio": 0.9, "num_workers": 0,
+                        "seed": 0}, cpu=False, log_dir="l", trust_remote_code=True)
+    cmd = trainer_command(args, gpus=8)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    assert "torch.distributed.run" not in trainer_command(args, gpus=1)
+    # The remote-code flag reaches speculators, and a mask token spares it the processor.
+    assert "--trust-remote-code" in args and args[args.index("--mask-token-id") + 1] == "0"

@@ -32,7 +32,6 @@ from eaglenest.vocab import (
     compute_vocab_mapping,
     coverage_sizes,
     load_token_counts,
-    read_target_vocab_size,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,14 +189,6 @@ def test_coverage_sizes_for_a_real_vocabulary():
     assert max(sizes) == 163_840 and sizes == sorted(set(sizes))
 
 
-def test_target_vocab_size_from_config(tmp_path):
-    plain = write_config(tmp_path / "m", {"vocab_size": 2048})
-    assert read_target_vocab_size(plain) == 2048
-    assert read_target_vocab_size(plain / "config.json") == 2048
-    vl = write_config(tmp_path / "vl", {"text_config": {"vocab_size": 151936}, "vocab_size": 7})
-    assert read_target_vocab_size(vl) == 151936
-
-
 # --------------------------------------------------------------------------------------------
 # errors: the file is named, the problem is said, nothing is written
 
@@ -260,7 +251,8 @@ def test_bad_input_names_file_and_writes_nothing(tmp_path, case):
 
 @pytest.mark.parametrize(
     "config, problem",
-    [({"hidden_size": 8}, "no vocab_size"), ({"vocab_size": "big"}, "positive integer")],
+    [({"hidden_size": 8}, "vocab_size must be a positive integer"),
+     ({"vocab_size": "big"}, "positive integer")],
 )
 def test_bad_target_config(tmp_path, config, problem):
     cfg = write_config(tmp_path / "model", config)
@@ -357,13 +349,18 @@ def test_console_script(tmp_path):
 
 
 def test_snakemake_script(tmp_path):
-    model = write_config(tmp_path / "model", {"text_config": {"vocab_size": 64}})
+    from conftest import target_record
+
+    model = write_config(tmp_path / "model", {"text_config": {
+        "vocab_size": 64, "hidden_size": 8, "num_hidden_layers": 8}, "vocab_size": 3})
+    (model / "model.safetensors").write_bytes(b"\0")
     freq = save(tmp_path / "tf.pt", torch.arange(64) % 7)
     out = tmp_path / "results"
     names = dict(t2d_pt="t2d.pt", d2t_pt="d2t.pt", t2d_npy="t2d.npy", d2t_npy="d2t.npy",
                  coverage="vocab_coverage.json", coverage_plot="vocab_coverage.png")
     smk = SimpleNamespace(
-        input=SimpleNamespace(token_freq=str(freq), target_config=str(model / "config.json")),
+        input=SimpleNamespace(token_freq=str(freq),
+                              target=str(target_record(model, tmp_path / "target.json"))),
         params=SimpleNamespace(draft_vocab_size=16, always_keep_ids=[63]),
         output=SimpleNamespace(**{k: str(out / v) for k, v in names.items()}),
         log=[str(tmp_path / "vocab.log")],

@@ -1,0 +1,148 @@
+"""The target as one artifact: hub ids through the hub cache, nested text configs, one reader."""
+
+import json
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import pytest
+import torch
+
+from eaglenest.draft_config import build_draft_config
+from eaglenest.errors import EaglenestError
+from eaglenest.target import (
+    cache_key_file,
+    cache_status,
+    is_hub_id,
+    load_target,
+    publish_to_hub_cache,
+    read_shape,
+    resolve_stage,
+    resolve_target,
+    text_config,
+)
+from eaglenest.vocab import MappingPaths, build_vocab_mapping
+
+REPO_ID = "eaglenest-test/nested"
+
+# A Kimi-K2.5-like wrapper: the text model's sizes differ from every top-level value, so a
+# reader that looks at the wrong level gives a different answer.
+NESTED = {
+    "model_type": "kimi_k25",
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "vocab_size": 7,
+    "hidden_size": 3,
+    "text_config": {"model_type": "kimi_k2", "vocab_size": 1280, "hidden_size": 64,
+                    "num_hidden_layers": 8, "num_attention_heads": 2,
+                    "intermediate_size": 128},
+    "vision_config": {"hidden_size": 32, "num_hidden_layers": 1},
+}
+
+
+def model_folder(path: Path, config: dict, weights: bytes = b"\0" * 64) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def test_text_config_is_read_from_the_nested_text_model(tmp_path):
+    folder = model_folder(tmp_path / "m", NESTED)
+    shape = read_shape(folder)
+    assert (shape.vocab_size, shape.hidden_size, shape.num_layers) == (1280, 64, 8)
+    assert shape.multimodal and shape.architectures == ("KimiK25ForConditionalGeneration",)
+    plain = model_folder(tmp_path / "p", NESTED["text_config"])
+    assert read_shape(plain).vocab_size == 1280 and not read_shape(plain).multimodal
+    assert text_config(NESTED) is NESTED["text_config"]
+
+
+def test_every_stage_takes_the_vocabulary_from_the_text_model(tmp_path):
+    """Vocab mapping and the draft config (and through it training and export) agree."""
+    folder = model_folder(tmp_path / "m", NESTED)
+    freq = tmp_path / "token_freq.pt"
+    torch.save(torch.arange(1280, dtype=torch.int64), freq)
+    cov = build_vocab_mapping(freq, 64, MappingPaths.in_dir(tmp_path / "vocab"),
+                              target_config=folder)
+    dcfg = build_draft_config(folder, tmp_path / "draft_config.json", aux_layer_ids=None,
+                              draft_vocab_size=64)
+    assert cov["target_vocab_size"] == dcfg["vocab_size"] == 1280
+    assert np.load(tmp_path / "vocab" / "t2d.npy").shape == (1280,)
+    assert dcfg["hidden_size"] == 64 and dcfg["eaglenest"]["aux_layer_ids"] == [2, 4, 5]
+
+
+def test_a_config_without_sizes_is_refused_by_name(tmp_path):
+    folder = model_folder(tmp_path / "m", {"text_config": {"vocab_size": 10}})
+    with pytest.raises(EaglenestError, match=r"config.json: text_config.hidden_size"):
+        read_shape(folder)
+
+
+def test_hub_id_resolves_offline_from_the_cache(tmp_path):
+    cache = tmp_path / "hub"
+    commit = publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
+    assert is_hub_id(REPO_ID) and not is_hub_id(str(tmp_path))
+    assert cache_key_file(REPO_ID, None, cache).read_text() == commit
+    target = resolve_target(REPO_ID, cache_dir=cache, trust_remote_code=True)
+    assert target.source == "hub" and target.commit == commit
+    assert Path(target.path) == cache / f"models--eaglenest-test--nested/snapshots/{commit}"
+    assert (Path(target.path) / "config.json").is_symlink()  # as the hub client lays it out
+    assert target.shape["vocab_size"] == 1280 and target.hub_id == REPO_ID
+    assert sorted(name for name, _ in target.files) == ["config.json", "model.safetensors"]
+    status = cache_status(REPO_ID, None, cache)
+    assert status["cached"] and status["commit"] == commit and status["bytes"] > 64
+
+
+def test_hub_id_resolves_through_hf_hub_cache_like_huggingface_hub(tmp_path, monkeypatch):
+    """With no cache_dir, the cache is huggingface_hub's own: HF_HUB_CACHE is respected."""
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hub"
+    publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    assert resolve_target(REPO_ID).path.startswith(str(cache))
+
+
+def test_a_new_revision_resolves_to_its_own_snapshot(tmp_path):
+    cache = tmp_path / "hub"
+    first = publish_to_hub_cache(model_folder(tmp_path / "a", NESTED), REPO_ID, cache)
+    second = publish_to_hub_cache(model_folder(tmp_path / "b", NESTED, b"\1" * 64), REPO_ID, cache)
+    assert first != second
+    assert resolve_target(REPO_ID, cache_dir=cache).commit == second
+    assert resolve_target(REPO_ID, revision=first, cache_dir=cache).commit == first
+    # Publishing the same content again is the same revision: nothing downstream reruns.
+    assert publish_to_hub_cache(tmp_path / "b", REPO_ID, cache) == second
+
+
+def test_a_target_missing_from_the_offline_cache_says_what_to_do(tmp_path):
+    with pytest.raises(EaglenestError, match=r"eaglenest-test/absent.*HF_HUB_OFFLINE is set.*"
+                                             r"hf download eaglenest-test/absent"):
+        resolve_target("eaglenest-test/absent", cache_dir=tmp_path / "hub")
+    with pytest.raises(EaglenestError, match="does not exist"):
+        resolve_target("./no/such/folder")
+
+
+def test_an_interrupted_download_is_refused(tmp_path):
+    folder = model_folder(tmp_path / "m", NESTED)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors",
+                        "b": "model-00002-of-00002.safetensors"}}))
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"\0")
+    with pytest.raises(EaglenestError, match="1 weight shards .* missing .*00002-of-00002"):
+        resolve_target(str(folder))
+
+
+def test_the_record_is_what_every_stage_loads(tmp_path):
+    cache = tmp_path / "hub"
+    publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
+    record = tmp_path / "target.json"
+    resolve_stage(name=REPO_ID, revision=None, cache_dir=cache, trust_remote_code=True,
+                  out_record=record)
+    target = load_target(record)
+    assert target.trust_remote_code and target.shape["hidden_size"] == 64
+    # The hub cache cleaned since: the record names itself and the step to rerun.
+    for f in Path(target.path).iterdir():
+        f.unlink()
+    Path(target.path).rmdir()
+    with pytest.raises(EaglenestError, match=r"target.json: .* is gone .*rerun resolve_target"):
+        load_target(record)
