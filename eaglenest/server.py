@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eaglenest.errors import EaglenestError
+from eaglenest.vllm_cpu import PATCH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def engine_env(run_dir) -> dict[str, str]:
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     env = {k: str(v) for k, v in dirs.items()}
+    env[PATCH_ENV] = "1"  # eaglenest.vllm_cpu: only vLLM's CPU build is affected
     # HF_HOME stays the user's unless unset: production targets live in the user's hub cache.
     env.setdefault("HF_HOME", os.environ.get("HF_HOME", str(root / "cache" / "huggingface")))
     env.update(loopback_without_proxy())
