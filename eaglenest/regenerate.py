@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 # Bump when the record format changes, so a rerun does not resume from old-format answers.
-RECORD_FORMAT = 3
+RECORD_FORMAT = 4
 
 
 def target_fingerprint(target: str) -> str:
@@ -86,9 +86,13 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
     for attempt in range(max_retries + 1):
         try:
             # Token ids too: tokenization trains on exactly what the target saw and emitted.
+            # And the text exactly as emitted: vLLM's default puts spaces around added tokens
+            # (Kimi's <think>) when decoding a slow tokenizer's output, text the model never
+            # wrote and that would re-tokenize differently.
             res = await client.chat.completions.create(
                 model=SERVED_NAME, messages=prompt["messages"],
-                extra_body={"return_token_ids": True}, **sampling)
+                extra_body={"return_token_ids": True, "spaces_between_special_tokens": False},
+                **sampling)
             prompt_ids = getattr(res, "prompt_token_ids", None)
             responses = []
             for choice in res.choices:

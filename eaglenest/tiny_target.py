@@ -190,6 +190,11 @@ def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
         return
     from eaglenest.kimi_mini import build_kimi_mini
 
+    if "intermediate_size" in shape:
+        raise EaglenestError("target.build_tiny.intermediate_size applies to the llama "
+                             "architecture only (kimi_k25 derives its MLP sizes)")
+    if "vocab_size" in shape:  # the BPE part; Kimi keeps 256 special ids after it
+        shape["bpe_vocab_size"] = shape.pop("vocab_size")
     cache = hub_cache_dir(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:

@@ -21,6 +21,7 @@ import torch
 
 from conftest import REPO, default_config, snakemake, write_config
 from eaglenest.errors import EaglenestError
+from eaglenest.server import group_members
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -49,19 +50,6 @@ def write_jsonl_lines(path: Path, lines: list) -> Path:
 def reply(rid: str, user: str = "What is two plus two?", answer: str = "Four.") -> dict:
     return {"id": rid, "messages": [{"role": "user", "content": user},
                                     {"role": "assistant", "content": answer}]}
-
-
-def procs_in_group(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is `pgid`."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +323,7 @@ def assert_server_gone(pids: list[int]) -> None:
 
     assert len(pids) == 1, pids
     assert not pid_alive(pids[0]), f"server pid {pids[0]} still running"
-    assert not procs_in_group(pids[0]), f"server processes left: {procs_in_group(pids[0])}"
+    assert not group_members(pids[0]), f"server processes left: {group_members(pids[0])}"
 
 
 @pytest.mark.engine

@@ -146,3 +146,15 @@ def test_the_record_is_what_every_stage_loads(tmp_path):
     Path(target.path).rmdir()
     with pytest.raises(EaglenestError, match=r"target.json: .* is gone .*rerun resolve_target"):
         load_target(record)
+
+
+def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_path):
+    """Without trust_remote_code transformers silently builds another tokenizer from Kimi's
+    tiktoken.model: refuse at resolve_target, before hours of regeneration."""
+    folder = model_folder(tmp_path / "m", NESTED)
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}}))
+    with pytest.raises(EaglenestError, match="tokenizer_config.json: .*remote code.*"
+                                             "target.trust_remote_code: true"):
+        resolve_target(str(folder))
+    assert resolve_target(str(folder), trust_remote_code=True).trust_remote_code

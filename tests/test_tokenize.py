@@ -486,3 +486,45 @@ def test_tiny_target(tmp_path):
     un = unmasked_text(tok, data[0]["input_ids"], data[0]["loss_mask"])
     assert "<|im_start|>assistant\n" in un and "what is two plus two" in un
     assert masked_runs(tok, data[1]["input_ids"], data[1]["loss_mask"]) == ["hello there<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def kimi_target(tmp_path_factory):
+    """The Kimi-K2.5 miniature's folder, untrained: its remote-code tiktoken tokenizer has no
+    character offsets, and Kimi-K2-Thinking's template renders it."""
+    from eaglenest.kimi_mini import build_kimi_mini
+
+    os.environ.setdefault("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
+    return build_kimi_mini(tmp_path_factory.mktemp("kimi") / "model",
+                           [REPO / "data" / "tiny_target" / "corpus.jsonl"], pretrain_steps=0)
+
+
+def test_remote_code_tokenizer_masks_every_turn_without_offsets(tmp_path, kimi_target):
+    tok = load_tokenizer(kimi_target, trust_remote_code=True)
+    assert not tok.is_fast
+    rows = [{"id": "k", "messages": [
+        USER, {"role": "assistant", "content": "four"},
+        {"role": "user", "content": "and caf\u00e9 \U0001f98a?"},
+        {"role": "assistant", "content": "<b>it jumps</b> \u00e9"},
+    ]}]  # fmt: skip
+    meta, data, _ = run(tmp_path, kimi_target, rows, trust_remote_code=True)
+    (row,) = data
+    # What this template renders for each assistant turn after its generation prompt
+    # (<|im_assistant|>assistant<|im_middle|>): an empty think block, the answer, <|im_end|>.
+    # (Runs decoded whole: byte-level tokens split the multi-byte characters.)
+    ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask, [0]))))
+    assert [tok.decode(ids[a:b].tolist()) for a, b in zip(edges[::2], edges[1::2])] == [
+        "<think></think>four<|im_end|>",
+        "<think></think><b>it jumps</b> \u00e9<|im_end|>",
+    ]
+    un = tok.decode(ids[mask == 0].tolist())
+    assert un.count("<|im_assistant|>assistant<|im_middle|>") == 2 and "caf\u00e9" in un
+    assert meta["assistant_turns"] == {"total": 2, "unmasked": 0}
+    assert meta["target_vocab_size"] == len(tok)
+
+
+def test_a_remote_code_tokenizer_without_trust_says_which_key_to_set(tmp_path, kimi_target):
+    with pytest.raises(EaglenestError, match="remote code .*set target.trust_remote_code: true"):
+        run(tmp_path, kimi_target, [conv()])
+    assert not (tmp_path / "out" / "tokenized_data.jsonl").exists()

@@ -1,0 +1,174 @@
+"""The seed case's miniature end to end: a Kimi-K2.5-shaped target named by a hub id.
+
+One session-scoped run (tests/conftest.py: `kimi_mini_run`, config/kimi-mini.yaml) feeds every
+test here: the target is a `KimiK25ForConditionalGeneration` (DeepSeek-V3 text model with MLA
+and MoE, a vision tower, a nested text_config) with a tiktoken tokenizer shipped as remote code
+and a thinking chat template, published into a hub cache and resolved by its hub id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import planned_jobs, snakemake
+
+pytestmark = pytest.mark.engine
+
+HUB_ID = "eaglenest-test/kimi-mini"
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_the_trained_draft_beats_the_untrained_one_and_ngram_losslessly(kimi_mini_run):
+    acc = json.loads((kimi_mini_run["run_dir"] / "eval" / "acceptance.json").read_text())
+    draft, untrained, ngram = acc["draft"], acc["untrained_draft"], acc["ngram"]
+    assert draft["num_drafts"] > 0
+    assert draft["mean_acceptance_length"] > 1.2 * untrained["mean_acceptance_length"]
+    assert draft["mean_acceptance_length"] > ngram["mean_acceptance_length"]
+    for method in ("ngram", "untrained_draft", "draft"):
+        assert acc[method]["lossless"] and acc[method]["identical_fraction"] == 1.0, method
+
+
+def test_the_hub_id_resolves_from_the_cache_for_every_stage(kimi_mini_run):
+    run, cache = kimi_mini_run["run_dir"], kimi_mini_run["cache"]
+    record = json.loads((run / "target.json").read_text())
+    commit = (cache / "models--eaglenest-test--kimi-mini" / "refs" / "main").read_text()
+    assert record["source"] == "hub" and record["name"] == HUB_ID
+    assert record["commit"] == commit
+    assert Path(record["path"]) == (cache / "models--eaglenest-test--kimi-mini" / "snapshots"
+                                    / commit).resolve()
+    # The text model's sizes, not the multimodal wrapper's.
+    assert record["shape"]["multimodal"]
+    assert record["shape"]["architectures"] == ["KimiK25ForConditionalGeneration"]
+    meta = json.loads((run / "tokenized" / "metadata.json").read_text())
+    coverage = json.loads((run / "vocab" / "vocab_coverage.json").read_text())
+    draft = json.loads((run / "draft_config.json").read_text())
+    vocab = record["shape"]["vocab_size"]
+    assert meta["target_vocab_size"] == coverage["target_vocab_size"] == draft["vocab_size"] == vocab
+    assert meta["target_revision"] == commit
+    # Every engine loaded the snapshot: the servers and the trainer were given its folder.
+    server_logs = list((run / ".eaglenest" / "server").glob("server-*.log"))
+    commands = [line for log in server_logs for line in open(log) if line.startswith("$ ")]
+    assert commands and all(f"--model {record['path']}" in c for c in commands)
+    assert all("--trust-remote-code" in c for c in commands)
+    train_log = (run / "logs" / "train_draft.log").read_text()
+    assert f"--verifier-name-or-path {record['path']}" in train_log
+    assert "--trust-remote-code" in train_log and "--mask-token-id" in train_log
+    exported = json.loads((run / "draft" / "config.json").read_text())
+    assert exported["speculators_config"]["verifier"]["name_or_path"] == HUB_ID
+    # Nothing went to the user's hub cache (HF_HOME of the run): the configured cache only.
+    assert not list((Path(kimi_mini_run["env"]["HF_HOME"]) / "hub").glob("models--*"))
+
+
+def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):
+    from eaglenest.target import load_target, load_tokenizer
+
+    run = kimi_mini_run["run_dir"]
+    target = load_target(run / "target.json")
+    assert sorted(Path(target.path).glob("tokenization_*.py"))
+    assert not (Path(target.path) / "tokenizer.json").exists()
+    os.environ.setdefault("HF_MODULES_CACHE", str(kimi_mini_run["workdir"] / "hf-modules"))
+    tok = load_tokenizer(target.path, trust_remote_code=True)
+    assert not tok.is_fast  # the remote-code tiktoken class, not a converted fast tokenizer
+    rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
+    assert rows
+    for row in rows:
+        text = tok.apply_chat_template(row["messages"][:-1], tokenize=False,
+                                       add_generation_prompt=True)
+        assert tok(text, add_special_tokens=False)["input_ids"] == row["prompt_token_ids"], \
+            row["id"]
+    meta = json.loads((run / "tokenized" / "metadata.json").read_text())
+    assert meta["mask_method"]["served_token_ids"] == len(rows)
+
+
+def test_regeneration_captured_the_reasoning(kimi_mini_run):
+    from eaglenest.target import load_target, load_tokenizer
+
+    run = kimi_mini_run["run_dir"]
+    rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
+    with_reasoning = [r for r in rows if (r["messages"][-1].get("reasoning_content") or "").strip()]
+    assert len(with_reasoning) >= 0.5 * len(rows)
+    # The draft trains on what the target emitted: its reasoning tokens are loss-masked.
+    tok = load_tokenizer(load_target(run / "target.json").path, trust_remote_code=True)
+    think_end = tok.convert_tokens_to_ids("</think>")
+    data = read_jsonl(run / "tokenized" / "tokenized_data.jsonl")
+    masked_think_ends = sum(1 for r in data for t, m in zip(r["input_ids"], r["loss_mask"])
+                            if t == think_end and m)
+    assert masked_think_ends >= 0.5 * len(data)
+
+
+def test_nothing_to_do_after_the_run(kimi_mini_run):
+    proc = snakemake(kimi_mini_run["workdir"], kimi_mini_run["configfile"], "-n",
+                     env=kimi_mini_run["env"])
+    assert planned_jobs(proc) == {}
+
+
+def test_a_new_snapshot_revision_reruns_the_target_stages_and_nothing_upstream(kimi_mini_run):
+    from eaglenest.target import publish_to_hub_cache
+
+    work, cache = kimi_mini_run["workdir"], kimi_mini_run["cache"]
+    ref = cache / "models--eaglenest-test--kimi-mini" / "refs" / "main"
+    old_commit, old_stat = ref.read_text(), ref.stat()
+    snapshot = ref.parent.parent / "snapshots" / old_commit
+    changed = work / "new-revision"
+    shutil.copytree(snapshot, changed, symlinks=False)
+    gen = json.loads((changed / "generation_config.json").read_text())
+    (changed / "generation_config.json").write_text(json.dumps({**gen, "revision_note": 2}))
+    try:
+        assert publish_to_hub_cache(changed, HUB_ID, cache) != old_commit
+        proc = snakemake(work, kimi_mini_run["configfile"], "-n", env=kimi_mini_run["env"])
+        jobs = planned_jobs(proc)
+        assert {"resolve_target", "regenerate_responses", "tokenize", "build_vocab_mapping",
+                "draft_config", "plan_hidden_states", "extract_hidden_states", "train_draft",
+                "export_draft", "evaluate_acceptance"} <= set(jobs)
+        assert "prepare_prompts" not in jobs and "build_tiny_target" not in jobs
+    finally:
+        ref.write_text(old_commit)
+        os.utime(ref, ns=(old_stat.st_atime_ns, old_stat.st_mtime_ns))
+    proc = snakemake(work, kimi_mini_run["configfile"], "-n", env=kimi_mini_run["env"])
+    assert planned_jobs(proc) == {}
+
+
+def test_plan_states_the_cache_status(kimi_mini_run, capsys, monkeypatch):
+    from eaglenest import cli
+
+    monkeypatch.chdir(kimi_mini_run["workdir"])
+    commit = (kimi_mini_run["cache"] / "models--eaglenest-test--kimi-mini" / "refs"
+              / "main").read_text()
+    assert cli.main(["plan", "-s", str(Path(__file__).resolve().parents[1] / "Snakefile"),
+                     "--configfile", str(kimi_mini_run["configfile"])]) == 0
+    out = capsys.readouterr().out
+    assert "Nothing to run" in out
+    cache = (kimi_mini_run["workdir"] / kimi_mini_run["config"]["target"]["cache_dir"])
+    assert f"Target: eaglenest-test/kimi-mini: cached in {cache} at commit {commit[:12]}" in out
+
+
+def test_the_transformers_backend_refuses_a_multimodal_target_by_name(kimi_mini_run, tmp_path):
+    from eaglenest.errors import EaglenestError
+    from eaglenest.hidden_states import extract_shard_transformers
+    from eaglenest.target import load_target
+
+    run = kimi_mini_run["run_dir"]
+    target = load_target(run / "target.json")
+    with pytest.raises(EaglenestError, match="multimodal .*KimiK25ForConditionalGeneration.*"
+                                             "backend: vllm"):
+        extract_shard_transformers(target.path, run / "tokenized" / "tokenized_data.jsonl",
+                                   tmp_path / "shard_0", num_rows=1, shard=0, num_shards=1,
+                                   aux_layer_ids=[2, 4, 5], dtype="bfloat16", meta={})
+    assert not (tmp_path / "shard_0").exists()
+
+
+def test_no_server_is_left_running(kimi_mini_run):
+    from eaglenest.server import pid_alive
+
+    server_dir = kimi_mini_run["run_dir"] / ".eaglenest" / "server"
+    assert not (server_dir / "lease.json").exists()
+    for start in open(server_dir / "starts.log"):
+        assert not pid_alive(json.loads(start)["pid"])
