@@ -228,6 +228,7 @@ def resolve_target(name: str, *, revision: str | None = None, cache_dir=None,
         check_target(name, built_here=False)
         raise AssertionError("unreachable")
     files = _check_complete(folder)
+    check_remote_code(folder, trust_remote_code)  # before hours of regeneration, not after
     return Target(name=name, path=str(folder), source=source, revision=revision, commit=commit,
                   trust_remote_code=trust_remote_code, files=[list(f) for f in files],
                   shape=asdict(read_shape(folder)))
@@ -270,19 +271,36 @@ def load_target(record_path) -> Target:
 # The tokenizer as the target ships it
 
 
+def check_remote_code(model_dir, trust_remote_code: bool) -> None:
+    """A tokenizer that ships as remote code (`auto_map` in tokenizer_config.json) needs
+    `trust_remote_code`. Without it transformers does not fail: it converts Kimi's
+    `tiktoken.model` into a fast tokenizer with another split pattern, whose ids differ from
+    the ones the model was trained on. So refuse, naming the key."""
+    path = Path(model_dir) / "tokenizer_config.json"
+    if trust_remote_code or not path.exists():
+        return
+    try:
+        auto_map = json.loads(path.read_text()).get("auto_map") or {}
+    except (ValueError, AttributeError):
+        return  # transformers will say what is wrong with the file
+    if "AutoTokenizer" in auto_map:
+        raise EaglenestError("the tokenizer ships as remote code (auto_map.AutoTokenizer): set "
+                             "target.trust_remote_code: true, or transformers builds a different "
+                             "tokenizer than the target's", path)
+
+
 def load_tokenizer(model_dir, trust_remote_code: bool = False):
     """The target's tokenizer, fast, slow or remote code: the one vLLM serves with."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise EaglenestError("target model directory does not exist", model_dir)
+    check_remote_code(model_dir, trust_remote_code)
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types; the user needs the message
-        hint = ("" if trust_remote_code or not list(model_dir.glob("tokenization_*.py")) else
-                " (the tokenizer ships as remote code: set target.trust_remote_code: true)")
-        raise EaglenestError(f"cannot load the tokenizer: {type(e).__name__}: {e}{hint}",
+        raise EaglenestError(f"cannot load the tokenizer: {type(e).__name__}: {e}",
                              model_dir) from None
 
 
