@@ -50,7 +50,8 @@ TARGETS = [
     *[f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)],
 ]
 EXPECTED_RULES = {  # rule -> jobs
-    "build_tiny_target": 1, "prepare_prompts": 1, "regenerate_responses": 1, "draft_config": 1,
+    "build_tiny_target": 1, "resolve_target": 1, "prepare_prompts": 1,
+    "regenerate_responses": 1, "draft_config": 1,
     "tokenize": 1, "plan_hidden_states": 1, "extract_hidden_states": NUM_SHARDS,
 }
 SLURM_LIMIT_S = 420
