@@ -32,7 +32,7 @@ from pathlib import Path
 
 from eaglenest.errors import EaglenestError
 from eaglenest.snakemake_log import parse_jobs, requests_gpu, split_files
-from eaglenest.target import cache_status, is_hub_id, read_shape
+from eaglenest.target import cache_status, on_hub, read_shape
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
@@ -338,11 +338,18 @@ def _local_target_folder(cfg: dict, workdir: Path) -> Path | None:
     snapshot of a hub id (None when neither exists yet)."""
     target = cfg.get("target", {})
     name = str(target.get("path", ""))
-    if is_hub_id(name) and not (workdir / name).exists():
+    if _on_hub(target, workdir):
         status = cache_status(name, target.get("revision"), _cache_dir(target, workdir))
         return Path(status["snapshot"]) if status["cached"] else None
     path = Path(name) if Path(name).is_absolute() else workdir / name
     return path if (path / "config.json").exists() else None
+
+
+def _on_hub(target: dict, workdir: Path) -> bool:
+    """The workflow's own test (rules/common.smk), with paths relative to `workdir`."""
+    name, tiny = str(target.get("path", "")), target.get("build_tiny")
+    built_as = (tiny.get("architecture") or "llama") if isinstance(tiny, dict) else None
+    return on_hub(name, built_as) and (built_as is not None or not (workdir / name).exists())
 
 
 def _cache_dir(target: dict, workdir: Path):
@@ -376,7 +383,7 @@ def target_status(cfg: dict, workdir=".") -> dict:
     name = str(target.get("path", ""))
     out: dict = {"name": name, "revision": target.get("revision")}
     built = bool(target.get("build_tiny"))
-    if is_hub_id(name) and not (workdir / name).exists():
+    if _on_hub(target, workdir):
         status = cache_status(name, target.get("revision"), _cache_dir(target, workdir))
         out.update(source="hub", built_here=built, **status)
         if not status["cached"]:

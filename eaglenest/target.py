@@ -42,6 +42,15 @@ def is_hub_id(path: str) -> bool:
             and bool(HUB_ID.match(path)))
 
 
+def on_hub(path: str, built_as: str | None = None) -> bool:
+    """Whether the target resolves through the hub cache: a hub id the workflow does not build,
+    or the Kimi miniature it publishes there (`built_as`: build_tiny.architecture, None when
+    nothing is built). A tiny Llama is built into its folder, whatever that path looks like."""
+    if built_as:
+        return built_as == "kimi_k25"
+    return is_hub_id(path)
+
+
 def check_target(path: str, built_here: bool) -> None:
     """A target is a folder (existing or built by the workflow) or a Hugging Face id."""
     if built_here or Path(path).exists() or is_hub_id(path):

@@ -7,7 +7,7 @@ from snakemake.utils import validate
 
 from eaglenest.errors import EaglenestError
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
-from eaglenest.target import cache_key_file, check_target, is_hub_id
+from eaglenest.target import HUB_ID, cache_key_file, check_target, on_hub
 from eaglenest.workflow import code_hash, vllm_base_args, vllm_env
 
 validate(config, schema="../config/schemas/config.schema.yaml")
@@ -17,7 +17,7 @@ TARGET = config["target"]["path"]
 BUILD_TINY = bool(config["target"].get("build_tiny"))
 TINY_ARCHITECTURE = (config["target"].get("build_tiny") or {}).get("architecture", "llama")
 # A hub id resolves through the hub cache (the configured one, else huggingface_hub's own).
-TARGET_ON_HUB = is_hub_id(TARGET)
+TARGET_ON_HUB = on_hub(TARGET, TINY_ARCHITECTURE if BUILD_TINY else None)
 TARGET_CACHE = config["target"].get("cache_dir")
 # Every stage that reads the target takes this record (folder, commit, files, shape) as input.
 TARGET_RECORD = f"{RUN}/target.json"
@@ -31,6 +31,9 @@ try:
     check_target(TARGET, BUILD_TINY)
 except EaglenestError as e:
     raise WorkflowError(f"config target.path: {e}")
+if TARGET_ON_HUB and not HUB_ID.match(TARGET):
+    raise WorkflowError(f"config target.path: {TARGET}: the kimi_k25 miniature is published "
+                        "into the hub cache, so its path must be a hub id 'org/name'")
 
 # GPU jobs find the leased vLLM server through this; its supervisor stops the server when
 # this process is gone, however the workflow ends.

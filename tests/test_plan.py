@@ -303,3 +303,28 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     out = capsys.readouterr().out
     assert f"Target: moonshotai/Kimi-K2.5: cached in {cache} at commit {commit[:12]}" in out
     assert "download_target" not in out
+
+
+def test_a_built_llama_target_is_a_folder_even_where_its_path_looks_like_a_hub_id(workflow,
+                                                                                 tmp_path):
+    """`run/target` has the shape of 'org/name': the tiny Llama is still built into that folder
+    (and the Kimi miniature, which is published into the hub cache, needs a real hub id)."""
+    cfg = yaml.safe_load((workflow / "config" / "config.yaml").read_text())
+    cfg["run_dir"], cfg["target"]["path"] = "run", "run/target"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
+                          cwd=workflow, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "output: run/target/config.json" in proc.stdout
+    assert "models--" not in proc.stdout
+
+    cfg["target"]["build_tiny"]["architecture"] = "kimi_k25"
+    cfg["target"]["path"] = "run/models/kimi"
+    config.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
+                          cwd=workflow, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "run/models/kimi: the kimi_k25 miniature is published into the hub cache" in \
+        proc.stdout + proc.stderr
