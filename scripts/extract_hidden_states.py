@@ -1,10 +1,11 @@
 """Snakemake adapter for `extract_hidden_states` (one shard): see eaglenest.hidden_states."""
 from eaglenest.hidden_states import extract_stage
-from eaglenest.target import load_target
+from eaglenest.target import keep_caches_in, load_target
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
+keep_caches_in(p.run_dir)  # the trainer and transformers import remote code there
 target = load_target(sm.input.target)
 run_logged(sm.log[0], extract_stage, run_dir=p.run_dir, target=target.path,
            tokenized_path=sm.input.data, plan_path=sm.input.plan,

@@ -1,10 +1,11 @@
 """Snakemake adapter for `train_draft`: see eaglenest.train."""
-from eaglenest.target import load_target
+from eaglenest.target import keep_caches_in, load_target
 from eaglenest.train import train_stage
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
+keep_caches_in(p.run_dir)  # the trainer and transformers import remote code there
 run_logged(sm.log[0], train_stage, run_dir=p.run_dir, target=load_target(sm.input.target),
            shard_dirs=list(sm.input.shards), tokenized_path=sm.input.data, t2d_npy=sm.input.t2d,
            d2t_npy=sm.input.d2t, draft_config_path=sm.input.draft_config, hp=dict(p.hp),

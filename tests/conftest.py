@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -14,6 +17,12 @@ import yaml
 from eaglenest.snakemake_log import parse_jobs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Remote code that transformers imports (the Kimi miniature's tokenizer) is copied into
+# HF_MODULES_CACHE, read once when transformers is first imported: point it at a scratch folder
+# before any test imports transformers, so the suite leaves nothing in ~/.cache.
+_MODULES = tempfile.mkdtemp(prefix="eaglenest-test-hf-modules-")
+os.environ["HF_MODULES_CACHE"] = _MODULES
+atexit.register(shutil.rmtree, _MODULES, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

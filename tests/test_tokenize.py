@@ -494,7 +494,6 @@ def kimi_target(tmp_path_factory):
     character offsets, and Kimi-K2-Thinking's template renders it."""
     from eaglenest.kimi_mini import build_kimi_mini
 
-    os.environ.setdefault("HF_MODULES_CACHE", str(tmp_path_factory.mktemp("hf_modules")))
     return build_kimi_mini(tmp_path_factory.mktemp("kimi") / "model",
                            [REPO / "data" / "tiny_target" / "corpus.jsonl"], pretrain_steps=0)
 
