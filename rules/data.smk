@@ -23,13 +23,14 @@ elif TARGET_ON_HUB:
 
     rule download_target:
         output:
-            # Present when the cache holds the revision: then this rule does not run.
+            # Present when the cache holds the revision: then this rule does not run. No code
+            # hash among the params: an edit of eaglenest must never make Snakemake delete the
+            # ref of a downloaded model to fetch it again (id, revision and cache are the path).
             target_source_files(),
         params:
             target=TARGET,
             revision=config["target"].get("revision"),
             cache_dir=TARGET_CACHE,
-            code=code_hash("target"),
         log:
             f"{RUN}/logs/download_target.log",
         script:
