@@ -108,8 +108,9 @@ rule tokenize:
         run_dir=RUN,
         max_seq_len=config["tokenize"]["max_seq_len"],
         overlong=config["tokenize"]["overlong"],
+        multi_turn=config["tokenize"]["multi_turn"],
         target_name=config["target"]["name"],
-        code=code_hash("tokenize", "target"),
+        code=code_hash("tokenize", "chat_turns", "target"),
     log:
         f"{RUN}/logs/tokenize.log",
     script:

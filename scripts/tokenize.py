@@ -10,4 +10,4 @@ target = load_target(sm.input.target)
 run_logged(sm.log[0], tokenize_responses, sm.input.responses, target.path, int(p.max_seq_len),
            str(p.overlong), sm.output.data, sm.output.freq, sm.output.metadata,
            target_name=str(p.target_name or ""), target_revision=target.commit,
-           trust_remote_code=target.trust_remote_code)
+           trust_remote_code=target.trust_remote_code, multi_turn=str(p.multi_turn))

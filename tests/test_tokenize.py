@@ -17,12 +17,14 @@ import pytest
 import torch
 
 from eaglenest.errors import EaglenestError
+from eaglenest.chat_turns import ChatTurns
 from eaglenest.tokenize import (
-    assistant_char_spans,
     assistant_mask,
     chat_template_hash,
-    encode_conversations,
+    encode_rows,
+    prepare_messages,
     tokenize_responses,
+    training_rows,
 )
 from eaglenest.target import load_tokenizer
 
@@ -153,7 +155,8 @@ def test_chatml_reasoning_inlined_with_think_tokens(tmp_path, make_target):
         "<|im_start|>user\nwhat is two plus two<|im_end|>\n<|im_start|>assistant\n\n"
     )
     assert meta["reasoning"] == {
-        "mode": "inline", "assistant_turns_with_reasoning": 1, "assistant_turns_reasoning_dropped": 0,
+        "passed_as": "inline", "assistant_turns_with_reasoning": 1,
+        "rendered": 1, "dropped_by_template": 0, "dropped_unsupported": 0,
     }  # fmt: skip
 
 
@@ -165,7 +168,8 @@ def test_chatml_without_think_tokens_drops_reasoning(tmp_path, make_target):
         assert masked_runs(tok, row["input_ids"], row["loss_mask"]) == ["four<|im_end|>"]
         assert "secret" not in tok.decode(row["input_ids"])
     assert meta["reasoning"] == {
-        "mode": "dropped", "assistant_turns_with_reasoning": 1, "assistant_turns_reasoning_dropped": 1,
+        "passed_as": None, "assistant_turns_with_reasoning": 1,
+        "rendered": 0, "dropped_by_template": 0, "dropped_unsupported": 1,
     }  # fmt: skip
 
 
@@ -185,8 +189,8 @@ def test_qwen3_style_template_renders_reasoning(tmp_path, make_target):
     msgs = [SYSTEM, USER, {"role": "assistant", "content": "the answer is four",
                            "reasoning_content": "two plus two is four"}]  # fmt: skip
     assert ids == list(tok.apply_chat_template(msgs, tokenize=True, return_dict=False))
-    assert meta["reasoning"]["mode"] == "template"
-    assert meta["assistant_turns"] == {"total": 1, "unmasked": 0}
+    assert meta["reasoning"]["passed_as"] == "reasoning_content"
+    assert meta["assistant_turns"] == {"total": 1, "masked": 1, "unmasked": 0, "context_by_policy": 0}
 
 
 def test_multi_turn_chatml_masks_every_assistant_turn(tmp_path, make_target):
@@ -206,7 +210,7 @@ def test_multi_turn_chatml_masks_every_assistant_turn(tmp_path, make_target):
     un = unmasked_text(tok, row["input_ids"], row["loss_mask"])
     assert "<|im_start|>user\nand the fox?<|im_end|>" in un
     assert un.count("<|im_start|>assistant\n") == 2
-    assert meta["assistant_turns"] == {"total": 2, "unmasked": 0}
+    assert meta["assistant_turns"] == {"total": 2, "masked": 2, "unmasked": 0, "context_by_policy": 0}
 
 
 def test_multi_turn_qwen3_style_breaks_prefix_property(tmp_path, make_target):
@@ -229,28 +233,36 @@ def test_multi_turn_qwen3_style_breaks_prefix_property(tmp_path, make_target):
         "<think>\nthe quick brown fox\n</think>\n\nit jumps<|im_end|>",
     ]
     assert "two plus two\n</think>" not in tok.decode(row["input_ids"])
-    assert meta["assistant_turns"] == {"total": 2, "unmasked": 0}
+    assert meta["assistant_turns"] == {"total": 2, "masked": 2, "unmasked": 0, "context_by_policy": 0}
 
 
-def test_assistant_char_spans_leaves_unfindable_turn_unmasked():
-    msgs = [
-        {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
-        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"},
-    ]  # fmt: skip
-    # a template that rewrites earlier answers in the full render: a1 is nowhere to be found
-    full = "<u>q1</u><a>[hidden]</a><u>q2</u><a>a2</a>"
-    starts = ["<u>q1</u><a>", "<u>q1</u><a>[hidden]</a><u>q2</u><a>"]
-    ends = ["<u>q1</u><a>a1</a>", None]
-    spans, unmasked = assistant_char_spans(full, msgs, starts, ends)
-    assert unmasked == 1
-    assert [full[s:e] for s, e in spans] == ["a2</a>"]
+def encode(tok, convs, **kw):
+    """encode_rows on raw conversations, one row each (policy "all")."""
+    rows = [r for k, c in enumerate(convs)
+            for r in training_rows(str(k), prepare_messages({"id": str(k), "messages": c}), None, "all")]
+    return encode_rows(ChatTurns(tok), rows, **kw)
+
+
+def test_turn_the_template_does_not_write_is_counted_unmasked(tmp_path, make_target):
+    """A template that writes a placeholder instead of earlier answers: that turn cannot be
+    trained, and says so in the counts; the final turn is masked."""
+    hiding = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+              "{% if m.role == 'assistant' and not loop.last %}[hidden]{% else %}{{ m.content }}{% endif %}"
+              "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    target = make_target(hiding, think=False)
+    rows = [{"id": "h", "messages": [USER, {"role": "assistant", "content": "four"},
+                                     {"role": "user", "content": "and the fox?"},
+                                     {"role": "assistant", "content": "it jumps"}]}]
+    meta, data, _ = run(tmp_path, target, rows)
+    tok = load_tokenizer(target)
+    assert masked_runs(tok, data[0]["input_ids"], data[0]["loss_mask"]) == ["it jumps<|im_end|>"]
+    assert meta["assistant_turns"] == {"total": 2, "masked": 1, "unmasked": 1, "context_by_policy": 0}
 
 
 def test_encode_matches_apply_chat_template_batch(make_target):
     tok = load_tokenizer(make_target(QWEN3))
     convs = [conv("four", "r")["messages"], conv("it jumps")["messages"]]
-    convs[0][-1] = {"role": "assistant", "content": "four", "reasoning_content": "r"}
-    res = encode_conversations(tok, convs)
+    res = encode(tok, convs)
     ref = tok.apply_chat_template(convs, tokenize=True, return_dict=False)
     assert [r["input_ids"].tolist() for r in res] == [list(x) for x in ref]
 
@@ -264,11 +276,13 @@ def test_boundary_lookup_matches_offsets_with_multibyte_text(make_target):
         [{"role": "user", "content": "\U0001f98a"}, {"role": "assistant", "content": "\U0001f98a"},
          {"role": "user", "content": "\u00e9"}, {"role": "assistant", "content": " spaced  "}],
     ]  # fmt: skip
-    enc = tok([r["text"] for r in encode_conversations(tok, convs)], add_special_tokens=False)
-    for r, e in zip(encode_conversations(tok, convs), enc.encodings):
-        assert r["loss_mask"].tolist() == assistant_mask(e.offsets, r["spans"]).tolist()
+    chat = ChatTurns(tok)
+    placed = [chat.place(prepare_messages({"id": "x", "messages": c})) for c in convs]
+    enc = tok([text for text, _ in placed], add_special_tokens=False)
+    for r, e, (_, places) in zip(encode(tok, convs), enc.encodings, placed):
+        assert r["loss_mask"].tolist() == assistant_mask(e.offsets, [p.span for p in places]).tolist()
         assert r["loss_mask"].sum() > 0
-    r = encode_conversations(tok, convs[:1])[0]
+    r = encode(tok, convs[:1])[0]
     masked = tok.decode(r["input_ids"][r["loss_mask"].astype(bool)].tolist())
     assert masked == "<think>\n\u4e8c\u52a0\u4e8c\n</think>\n\n\u00e9\u00e9 caf\u00e9 \U0001f98a fox<|im_end|>"
 
@@ -287,8 +301,8 @@ def test_masks_without_offsets_equal_the_offset_masks(make_target, template):
          {"role": "user", "content": "\U0001f98a"}, {"role": "assistant", "content": " x  "}],
         [USER, {"role": "assistant", "content": ""}],
     ]  # fmt: skip
-    with_offsets = encode_conversations(tok, convs)
-    without = encode_conversations(tok, convs, force_prefix_boundaries=True)
+    with_offsets = encode(tok, convs)
+    without = encode(tok, convs, force_prefix_boundaries=True)
     for a, b in zip(with_offsets, without, strict=True):
         assert a["input_ids"].tolist() == b["input_ids"].tolist()
         assert a["loss_mask"].tolist() == b["loss_mask"].tolist()
@@ -320,7 +334,8 @@ def test_truncate_counts_and_zero_mask_rows(tmp_path, make_target):
     assert len(data[1]["input_ids"]) == len(data[1]["loss_mask"]) == max_len
     assert sum(data[1]["loss_mask"]) == 5
     assert meta["truncated"] == 1
-    assert meta["skipped"] == {"regeneration_failed": 0, "overlong": 0, "no_assistant_tokens": 1}
+    assert meta["skipped"] == {"regeneration_failed": 0, "overlong": 0, "no_assistant_tokens": 1,
+                                  "template_mismatch": 0, "opens_with_assistant": 0}
     assert meta["samples_in"] == 3 and meta["samples_out"] == 2
 
 
@@ -445,7 +460,8 @@ def test_snakemake_adapter(tmp_path, make_target):
     out = tmp_path / "out"
     sm = types.SimpleNamespace(
         input=types.SimpleNamespace(responses=str(responses), target=str(record)),
-        params=types.SimpleNamespace(run_dir=str(tmp_path / "run"), max_seq_len=64, overlong="drop", target_name="t"),
+        params=types.SimpleNamespace(run_dir=str(tmp_path / "run"), max_seq_len=64, overlong="drop",
+                                     multi_turn="all", target_name="t"),
         output=types.SimpleNamespace(data=str(out / "d.jsonl"), freq=str(out / "f.pt"), metadata=str(out / "m.json")),
         log=[str(tmp_path / "log.txt")],
     )
@@ -458,7 +474,7 @@ def test_snakemake_adapter(tmp_path, make_target):
             if h not in saved[0]:
                 h.close()
         root.handlers[:], root.level = saved[0], saved[1]
-    assert "tokenize: 1 rows in, 1 out" in (tmp_path / "log.txt").read_text()
+    assert "tokenize: 1 rows in (+0 from expansion), 1 out" in (tmp_path / "log.txt").read_text()
     meta = json.loads((out / "m.json").read_text())
     assert meta["samples_out"] == 1 and meta["target_name"] == "t" and meta["target_revision"] is None
     assert (out / "d.jsonl").exists() and (out / "f.pt").exists()
@@ -519,7 +535,7 @@ def test_remote_code_tokenizer_masks_every_turn_without_offsets(tmp_path, kimi_t
     ]
     un = tok.decode(ids[mask == 0].tolist())
     assert un.count("<|im_assistant|>assistant<|im_middle|>") == 2 and "caf\u00e9" in un
-    assert meta["assistant_turns"] == {"total": 2, "unmasked": 0}
+    assert meta["assistant_turns"] == {"total": 2, "masked": 2, "unmasked": 0, "context_by_policy": 0}
     assert meta["target_vocab_size"] == len(tok)
 
 
