@@ -84,60 +84,50 @@ def _last_user(messages):
 # -- ChatML family: Qwen3, Qwen3 Thinking-2507, QwQ -------------------------------------------
 
 
-def _chatml_head(messages):
-    out = []
+def _chatml(messages, assistant):
+    """The ChatML frame Qwen3, Qwen3-2507 and QwQ share: a leading system message, user turns
+    '<|im_start|>user\n...<|im_end|>\n'; `assistant(i, m)` gives a turn's segments and fate."""
+    seg, fates = [], []
     for i, m in enumerate(messages):
-        if m["role"] == "system" and i == 0:
-            out.append((f"<|im_start|>system\n{m['content']}<|im_end|>\n", 0))
-    return out
+        if m["role"] != "assistant":
+            seg.append((f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n", 0))
+            continue
+        turn, fate = assistant(i, m)
+        seg += [*turn, ("\n", 0)]
+        fates.append(fate)
+    return seg, fates
 
 
 def expect_qwen3(messages, forced_think=False):
     """Qwen3 (hybrid) and Qwen3-Thinking-2507: reasoning is rendered for turns after the last user
     message (the final turn); earlier turns lose it. 2507's generation prompt forces '<think>\\n'."""
-    seg, fates, last_q = _chatml_head(messages), [], _last_user(messages)
-    for i, m in enumerate(messages):
-        if m["role"] == "system" and i == 0:
-            continue
-        if m["role"] != "assistant":
-            seg.append((f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n", 0))
-            continue
+    last_q = _last_user(messages)
+
+    def assistant(i, m):
         r = m.get("reasoning_content")
-        if i > last_q:  # final turn: '<think>\nR\n</think>\n\nA'
-            think = "<think>\n"
-            body = f"{(r or '').strip(chr(10))}\n</think>\n\n{m['content'].lstrip(chr(10))}<|im_end|>"
-            if forced_think:
-                seg += [(f"<|im_start|>assistant\n{think}", 0), (body, 1)]
-            else:
-                seg += [("<|im_start|>assistant\n", 0), (think + body, 1)]
-            fates.append(R if r else NONE)
-        else:
-            seg += [("<|im_start|>assistant\n", 0), (f"{m['content']}<|im_end|>", 1)]
-            fates.append(DROP_T if r else NONE)
-        seg.append(("\n", 0))
-    return seg, fates
+        if i < last_q:
+            return [("<|im_start|>assistant\n", 0), (f"{m['content']}<|im_end|>", 1)], DROP_T if r else NONE
+        # the final turn: '<think>\nR\n</think>\n\nA', an empty think block without reasoning
+        body = f"{(r or '').strip(chr(10))}\n</think>\n\n{m['content'].lstrip(chr(10))}<|im_end|>"
+        if forced_think:
+            return [("<|im_start|>assistant\n<think>\n", 0), (body, 1)], R if r else NONE
+        return [("<|im_start|>assistant\n", 0), ("<think>\n" + body, 1)], R if r else NONE
+
+    return _chatml(messages, assistant)
 
 
 def expect_qwq(messages):
     """QwQ: no reasoning field; inline '<think>' text is kept in the final turn only (the template
     cuts it from earlier turns); the generation prompt forces '<think>\\n'."""
-    seg, fates = _chatml_head(messages), []
     last = len(messages) - 1
-    for i, m in enumerate(messages):
-        if m["role"] == "system" and i == 0:
-            continue
-        if m["role"] != "assistant":
-            seg.append((f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n", 0))
-            continue
+
+    def assistant(i, m):
         r = m.get("reasoning_content")
         if i == last and r:
-            seg += [("<|im_start|>assistant\n<think>\n", 0), (f"{r}\n</think>\n\n{m['content']}<|im_end|>", 1)]
-            fates.append(R)
-        else:
-            seg += [("<|im_start|>assistant\n", 0), (f"{m['content']}<|im_end|>", 1)]
-            fates.append(DROP_T if r else NONE)
-        seg.append(("\n", 0))
-    return seg, fates
+            return [("<|im_start|>assistant\n<think>\n", 0), (f"{r}\n</think>\n\n{m['content']}<|im_end|>", 1)], R
+        return [("<|im_start|>assistant\n", 0), (f"{m['content']}<|im_end|>", 1)], DROP_T if r else NONE
+
+    return _chatml(messages, assistant)
 
 
 # -- DeepSeek: R1 (distill) and V3.1 ------------------------------------------------------------

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from chat_families import CASES, FAMILIES, Family
+from chat_families import CASES, FAMILIES, Family, msg
 from eaglenest.tokenize import tokenize_responses
 
 CORPUS = [m["content"] + " " + (m.get("reasoning_content") or "") for conv in CASES.values() for m in conv]
@@ -194,3 +194,24 @@ def test_served_ids_path_trains_earlier_turns_like_the_render_path(family, tmp_p
     assert sum(served["loss_mask"][:earlier]) > 0  # the two earlier answers are trained
     assert meta["mask_method"] == {"served_token_ids": 1, "template_render": 1}
     assert meta["assistant_turns"]["unmasked"] == 0 and meta["assistant_turns"]["total"] == 6
+
+
+def test_reasoning_in_any_input_form_trains_the_same(tmp_path):
+    """Reasoning may arrive as reasoning_content (vLLM), thinking (gpt-oss datasets), reasoning
+    (newer vLLM) or inline in the content, with or without the opening tag (DeepSeek-R1 opens it
+    in the prompt); each is handed to the template its own way, and all train the same tokens."""
+    fam = next(f for f in FAMILIES if f.name == "qwen3")
+    folder = tmp_path / "qwen3"
+    build_tokenizer(fam, folder)
+    user = msg("user", "What is 2+2?")
+    forms = {
+        "reasoning_content": {"role": "assistant", "content": "It is 4.", "reasoning_content": "Two and two."},
+        "thinking": {"role": "assistant", "content": "It is 4.", "thinking": "Two and two."},
+        "reasoning": {"role": "assistant", "content": "It is 4.", "reasoning": "Two and two."},
+        "inline": {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\nIt is 4."},
+        "inline_opened_in_prompt": {"role": "assistant", "content": "Two and two.\n</think>\n\nIt is 4."},
+    }
+    meta, data = run_stage(tmp_path, folder, [{"id": k, "messages": [user, a]} for k, a in forms.items()])
+    rows = list(data.values())
+    assert len(rows) == 5 and all(r == {**rows[0], "id": r["id"]} for r in rows)
+    assert meta["reasoning"]["rendered"] == 5
