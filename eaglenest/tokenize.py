@@ -347,6 +347,106 @@ def encode_rows(chat: ChatTurns, rows: list[dict], path=None,
 # --------------------------------------------------------------------------------------------
 
 
+class Tally:
+    """What the stage counts while it writes rows: token frequencies, skips, turns and the
+    fate of their reasoning; `metadata` turns it into metadata.json."""
+
+    def __init__(self, vocab_size: int, tokenizer_vocab: int, max_seq_len: int, overlong: str, path):
+        self.vocab_size, self.tokenizer_vocab, self.path = vocab_size, tokenizer_vocab, path
+        self.max_seq_len, self.overlong = max_seq_len, overlong
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+        self.skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self.fates = dict.fromkeys(REASONING_FATES, 0)
+        self.samples_in = self.rows_in = self.samples_out = self.truncated = 0
+        self.tokens_total = self.tokens_loss_masked = 0
+        self.turns = self.turns_unmasked = self.turns_context = self.rows_served = 0
+
+    def skip(self, reason: str, rid, why: str = "") -> None:
+        self.skipped[reason] += 1
+        if why and self.skipped[reason] <= _WARN_LIMIT:
+            log.warning("skipped id %r (%s): %s", rid, reason, why)
+
+    def row(self, row: dict, result: dict, multi_turn: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Count one encoded training row; return its (ids, mask) to write, or None if skipped."""
+        rid = row["id"]
+        if "skip" in result:
+            self.skip(result["skip"], rid, result["why"])
+            return None
+        self.rows_served += row["served"] is not None
+        if multi_turn == "last":  # earlier turns are context by choice, not unmasked
+            self.turns_context += sum(m["role"] == "assistant" for m in row["messages"]) - 1
+        for place in result["places"]:
+            self.turns += 1
+            self.turns_unmasked += place.span is None
+            if place.reasoning != NO_REASONING:
+                self.fates[place.reasoning] += 1
+        ids, mask = result["input_ids"], result["loss_mask"]
+        self._check_ids(rid, ids)
+        was_truncated = False
+        if ids.size > self.max_seq_len:
+            if self.overlong == "drop":
+                self.skip("overlong", rid)
+                return None
+            ids, mask = ids[: self.max_seq_len], mask[: self.max_seq_len]
+            was_truncated = True
+        n_masked = int(mask.sum())
+        if n_masked == 0:
+            self.skip("no_assistant_tokens", rid)
+            return None
+        self.truncated += was_truncated
+        self.samples_out += 1
+        self.tokens_total += int(ids.size)
+        self.tokens_loss_masked += n_masked
+        return ids, mask
+
+    def _check_ids(self, rid, ids: np.ndarray) -> None:
+        if not ids.size:
+            return
+        top = int(ids.max())
+        if top >= self.tokenizer_vocab:
+            raise EaglenestError(f"id {rid!r}: token id {top} is outside the tokenizer vocab "
+                                 f"(size {self.tokenizer_vocab})", self.path)
+        if top >= self.vocab_size:
+            raise EaglenestError(f"id {rid!r}: token id {top} is outside the target's vocab "
+                                 f"(its config's vocab_size {self.vocab_size})", self.path)
+
+    def count_tokens(self, masked_ids: list[np.ndarray]) -> None:
+        if masked_ids:
+            self.counts += np.bincount(np.concatenate(masked_ids), minlength=self.vocab_size)
+
+    @property
+    def rows_from_expansion(self) -> int:
+        return self.rows_in - (self.samples_in - self.skipped["regeneration_failed"])
+
+    def metadata(self, **about) -> dict:
+        assert self.samples_in + self.rows_from_expansion == self.samples_out + sum(self.skipped.values())
+        unplaced = self.skipped["template_mismatch"] + self.skipped["opens_with_assistant"]
+        return {
+            "samples_in": self.samples_in,
+            "rows_from_expansion": self.rows_from_expansion,
+            "samples_out": self.samples_out,
+            "skipped": self.skipped,
+            "truncated": self.truncated,
+            "tokens_total": self.tokens_total,
+            "tokens_loss_masked": self.tokens_loss_masked,
+            "max_seq_len": self.max_seq_len,
+            "overlong": self.overlong,
+            **about,
+            "tokenizer_vocab_size": self.tokenizer_vocab,
+            "target_vocab_size": self.vocab_size,
+            "assistant_turns": {
+                "total": self.turns + self.turns_context,
+                "masked": self.turns - self.turns_unmasked,
+                "unmasked": self.turns_unmasked,
+                "context_by_policy": self.turns_context,
+            },
+            "mask_method": {
+                "served_token_ids": self.rows_served,
+                "template_render": self.rows_in - self.rows_served - unplaced,
+            },
+        }
+
+
 def tokenize_responses(
     responses_path,
     target_dir,
@@ -380,75 +480,20 @@ def tokenize_responses(
         raise EaglenestError("file does not exist", responses_path)
 
     tokenizer = load_tokenizer(target_dir, trust_remote_code)
-    vocab_size = read_shape(target_dir, require=("vocab_size",)).vocab_size
-    tok_vocab = len(tokenizer)
-    template_hash = chat_template_hash(tokenizer)
     chat = ChatTurns(tokenizer)
+    tally = Tally(read_shape(target_dir, require=("vocab_size",)).vocab_size, len(tokenizer),
+                  max_seq_len, overlong, responses_path)
 
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    skipped = dict.fromkeys(SKIP_REASONS, 0)
-    fates = dict.fromkeys(REASONING_FATES, 0)
-    stats = dict(
-        samples_in=0, rows_in=0, samples_out=0, truncated=0, tokens_total=0, tokens_loss_masked=0,
-        turns_total=0, turns_unmasked=0, turns_context=0, rows_served_ids=0,
-    )  # fmt: skip
-
-    def flush(batch, f):
-        if not batch:
-            return
-        masked_chunks = []
-        lines = []
-        for row, r in zip(batch, encode_rows(chat, batch, responses_path)):
-            rid = row["id"]
-            if "skip" in r:
-                skipped[r["skip"]] += 1
-                if skipped[r["skip"]] <= _WARN_LIMIT:
-                    log.warning("skipped id %r (%s): %s", rid, r["skip"], r["why"])
-                continue
-            stats["rows_served_ids"] += row["served"] is not None
-            if multi_turn == "last":  # earlier turns are context by choice, not unmasked
-                stats["turns_context"] += sum(m["role"] == "assistant" for m in row["messages"]) - 1
-            for place in r["places"]:
-                stats["turns_total"] += 1
-                stats["turns_unmasked"] += place.span is None
-                if place.reasoning != NO_REASONING:
-                    fates[place.reasoning] += 1
-            ids, mask = r["input_ids"], r["loss_mask"]
-            if ids.size:
-                top = int(ids.max())
-                if top >= tok_vocab:
-                    raise EaglenestError(
-                        f"id {rid!r}: token id {top} is outside the tokenizer vocab (size {tok_vocab})",
-                        responses_path,
-                    )
-                if top >= vocab_size:
-                    raise EaglenestError(
-                        f"id {rid!r}: token id {top} is outside the target's vocab "
-                        f"(its config's vocab_size {vocab_size})",
-                        responses_path,
-                    )
-            was_truncated = False
-            if ids.size > max_seq_len:
-                if overlong == "drop":
-                    skipped["overlong"] += 1
-                    continue
-                ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-                was_truncated = True
-            n_masked = int(mask.sum())
-            if n_masked == 0:
-                skipped["no_assistant_tokens"] += 1
-                continue
-            stats["truncated"] += was_truncated
-            stats["samples_out"] += 1
-            stats["tokens_total"] += int(ids.size)
-            stats["tokens_loss_masked"] += n_masked
-            masked_chunks.append(ids[mask.astype(bool)])
-            lines.append(
-                '{"id":%s,"input_ids":%s,"loss_mask":%s}\n'
-                % (json.dumps(rid, ensure_ascii=False), _int_list(ids), _bit_list(mask))
-            )
-        if masked_chunks:
-            counts[:] += np.bincount(np.concatenate(masked_chunks), minlength=vocab_size)
+    def write(batch: list[dict], f) -> None:
+        lines, masked = [], []
+        for row, result in zip(batch, encode_rows(chat, batch, responses_path)):
+            kept = tally.row(row, result, multi_turn)
+            if kept is not None:
+                ids, mask = kept
+                masked.append(ids[mask.astype(bool)])
+                lines.append('{"id":%s,"input_ids":%s,"loss_mask":%s}\n'
+                             % (json.dumps(row["id"], ensure_ascii=False), _int_list(ids), _bit_list(mask)))
+        tally.count_tokens(masked)
         f.write("".join(lines))
         batch.clear()
 
@@ -457,70 +502,48 @@ def tokenize_responses(
         tmp_freq = stack.enter_context(atomic_path(out_freq))
         tmp_data = stack.enter_context(atomic_path(out_data))
         with open(tmp_data, "w", encoding="utf-8") as f:
-            batch: list = []
+            batch: list[dict] = []
             for recno, record in enumerate(iter_jsonl(responses_path), start=1):
-                stats["samples_in"] += 1
+                tally.samples_in += 1
                 messages = prepare_messages(record, responses_path, recno)
                 if messages is None:
-                    skipped["regeneration_failed"] += 1
+                    tally.skip("regeneration_failed", record.get("id"))
                     continue
                 rows = training_rows(record["id"], messages, served_token_ids(record), multi_turn)
-                stats["rows_in"] += len(rows)
+                tally.rows_in += len(rows)
                 batch.extend(rows)
                 if len(batch) >= _CHUNK_ROWS:
-                    flush(batch, f)
-            flush(batch, f)
-
-        torch.save(torch.from_numpy(counts), tmp_freq)
-
-        expanded = stats["rows_in"] - (stats["samples_in"] - skipped["regeneration_failed"])
-        assert stats["samples_in"] + expanded == stats["samples_out"] + sum(skipped.values())
-        with_reasoning = sum(fates.values())
-        metadata = {
-            "samples_in": stats["samples_in"],
-            "rows_from_expansion": expanded,
-            "samples_out": stats["samples_out"],
-            "skipped": skipped,
-            "truncated": stats["truncated"],
-            "tokens_total": stats["tokens_total"],
-            "tokens_loss_masked": stats["tokens_loss_masked"],
-            "max_seq_len": max_seq_len,
-            "overlong": overlong,
-            "multi_turn": multi_turn,
-            "chat_template_hash": template_hash,
-            "target_name": target_name,
-            "target_revision": target_revision,
-            "tokenizer_vocab_size": tok_vocab,
-            "target_vocab_size": vocab_size,
-            "reasoning": {
-                "passed_as": chat.reasoning_channel,
-                "assistant_turns_with_reasoning": with_reasoning,
-                **fates,
-            },
-            "assistant_turns": {
-                "total": stats["turns_total"] + stats["turns_context"],
-                "masked": stats["turns_total"] - stats["turns_unmasked"],
-                "unmasked": stats["turns_unmasked"],
-                "context_by_policy": stats["turns_context"],
-            },
-            "mask_method": {
-                "served_token_ids": stats["rows_served_ids"],
-                "template_render": stats["rows_in"] - stats["rows_served_ids"]
-                - skipped["template_mismatch"] - skipped["opens_with_assistant"],
-            },
-        }
+                    write(batch, f)
+            write(batch, f)
+        torch.save(torch.from_numpy(tally.counts), tmp_freq)
+        metadata = tally.metadata(
+            multi_turn=multi_turn,
+            chat_template_hash=chat_template_hash(tokenizer),
+            target_name=target_name,
+            target_revision=target_revision,
+            reasoning={"passed_as": chat.reasoning_channel,
+                       "assistant_turns_with_reasoning": sum(tally.fates.values()), **tally.fates},
+        )
         tmp_meta.write_text(json.dumps(metadata, indent=2) + "\n")
+    _log_summary(metadata)
+    return metadata
+
+
+def _log_summary(meta: dict) -> None:
+    reasoning, turns = meta["reasoning"], meta["assistant_turns"]
     log.info(
         "tokenize: %d rows in (+%d from expansion), %d out, skipped %s, %d truncated; %d tokens, "
-        "%d loss-masked; reasoning passed as %s: %s; %d of %d assistant turns unmasked",
-        metadata["samples_in"], expanded, metadata["samples_out"], skipped, metadata["truncated"],
-        metadata["tokens_total"], metadata["tokens_loss_masked"], chat.reasoning_channel, fates,
-        stats["turns_unmasked"], stats["turns_total"],
+        "%d loss-masked; reasoning passed as %s: %d rendered, %d dropped by the template, %d "
+        "dropped (no way to pass it); %d of %d assistant turns unmasked",
+        meta["samples_in"], meta["rows_from_expansion"], meta["samples_out"], meta["skipped"],
+        meta["truncated"], meta["tokens_total"], meta["tokens_loss_masked"], reasoning["passed_as"],
+        reasoning["rendered"], reasoning["dropped_by_template"], reasoning["dropped_unsupported"],
+        turns["unmasked"], turns["total"],
     )
-    if any(fates[f] for f in fates if f != RENDERED):
-        log.warning("reasoning of %d assistant turns is not in the training text (the chat template "
-                    "does not render it there): %s", with_reasoning - fates[RENDERED], fates)
-    return metadata
+    if reasoning["rendered"] < reasoning["assistant_turns_with_reasoning"]:
+        log.warning("the reasoning of %d assistant turns is not in the training text: the chat "
+                    "template does not render it there (see README, \"Loss masks\")",
+                    reasoning["assistant_turns_with_reasoning"] - reasoning["rendered"])
 
 
 def _int_list(a: np.ndarray) -> str:
