@@ -18,6 +18,11 @@ def summarize_run(*, target, lr: float, acceptance_path, metrics_path, coverage_
         ("draft vocabulary coverage", round(cov["coverage"], 4)),
         ("training samples", meta["samples_out"]),
         ("tokens (loss-masked)", f'{meta["tokens_total"]} ({meta["tokens_loss_masked"]})'),
+        ("assistant turns trained", f'{meta["assistant_turns"]["masked"]} of '
+                                    f'{meta["assistant_turns"]["total"]} ({meta["multi_turn"]})'),
+        ("reasoning in the training text", f'{meta["reasoning"]["rendered"]} of '
+                                           f'{meta["reasoning"]["assistant_turns_with_reasoning"]} turns '
+                                           f'with reasoning'),
         ("aux layer ids", plan["aux_layer_ids"]),
         ("hidden states", f'{plan["bytes"] / 1e6:.1f} MB {plan["dtype"]} in '
                           f'{plan["num_shards"]} shards'),

@@ -66,7 +66,6 @@ class Family:
     think_tokens: bool = False
     bos: str | None = None
     eos: str | None = None
-    opens_with_assistant: str = "mask"  # "mask": a correct mask; "skip": a clear refusal
 
     @property
     def path(self) -> Path:

@@ -543,3 +543,18 @@ def test_a_remote_code_tokenizer_without_trust_says_which_key_to_set(tmp_path, k
     with pytest.raises(EaglenestError, match="remote code .*set target.trust_remote_code: true"):
         run(tmp_path, kimi_target, [conv()])
     assert not (tmp_path / "out" / "tokenized_data.jsonl").exists()
+
+
+def test_leading_assistant_turn_without_a_header_to_find_is_skipped_by_name(tmp_path, make_target, caplog):
+    """A template that renders no generation prompt at all gives no header to find: a
+    conversation opening with an assistant turn is skipped under its own reason, with its id in
+    the log, rather than masked from a guess."""
+    no_prompt = ("{% if add_generation_prompt %}{{ raise_exception('no generation prompt') }}{% endif %}"
+                 "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    target = make_target(no_prompt, think=False)
+    rows = [{"id": "greeting", "messages": [{"role": "assistant", "content": "hi"}, USER,
+                                            {"role": "assistant", "content": "four"}]}]
+    with caplog.at_level(logging.WARNING):
+        meta, data, _ = run(tmp_path, target, rows)
+    assert data == [] and meta["skipped"]["opens_with_assistant"] == 1
+    assert "'greeting' (opens_with_assistant)" in caplog.text
