@@ -50,9 +50,10 @@ def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
 
 def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 3000,
               check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the repository's workflow with `workdir` as working directory."""
+    """Run the repository's workflow with `workdir` as working directory. The GPU cap comes
+    from profiles/default, as in `make run` (a plain `snakemake --cores all`), not from here."""
     cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(configfile), "--resources", "gpu=8", *args]
+           "--configfile", str(configfile), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if check and proc.returncode != 0:

@@ -511,5 +511,8 @@ def test_regeneration_does_not_resume_answers_of_a_replaced_target(tmp_path):
     sampling = {"max_tokens": 8, "temperature": 0.0}
     before = progress_path(tmp_path, "server-key", sampling, str(target))
     assert progress_path(tmp_path, "server-key", sampling, str(target)) == before  # resumable
-    (target / "model.safetensors").write_bytes(b"new weights!")
+    # Same name and size: only the modification time tells the rebuilt file apart.
+    old_mtime = (target / "model.safetensors").stat().st_mtime_ns
+    (target / "model.safetensors").write_bytes(b"new weights")
+    os.utime(target / "model.safetensors", ns=(old_mtime + 10**9, old_mtime + 10**9))
     assert progress_path(tmp_path, "server-key", sampling, str(target)) != before

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.engine
 
 def start_snakemake(workdir: Path, configfile: Path, *targets: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(configfile), "--resources", "gpu=8", "--cores", "2", *targets]
+           "--configfile", str(configfile), "--cores", "2", *targets]
     log = workdir / f"killed-run-{time.time_ns()}.log"
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)

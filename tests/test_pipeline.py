@@ -31,7 +31,8 @@ def test_run_produces_a_draft_that_beats_the_untrained_one(default_run):
     k = default_run["config"]["evaluate"]["num_speculative_tokens"]
     assert len(acc["draft"]["per_position_acceptance"]) == k
     assert acc["draft"]["num_drafts"] > 0
-    assert acc["draft"]["mean_acceptance_length"] > acc["untrained_draft"]["mean_acceptance_length"]
+    # A margin that means something: 1.00 is what an untrained draft gets (every token rejected).
+    assert acc["draft"]["mean_acceptance_length"] >= 1.5 * acc["untrained_draft"]["mean_acceptance_length"]
 
 
 def test_training_curves_hold_every_epoch(default_run):
@@ -41,6 +42,10 @@ def test_training_curves_hold_every_epoch(default_run):
     for m in metrics["per_epoch"]:
         for split in ("train", "val"):
             assert 0 <= m[split]["full_acc_0_epoch"] <= 1 and m[split]["loss_epoch"] > 0
+    first, last = metrics["per_epoch"][0], metrics["per_epoch"][-1]
+    for split in ("train", "val"):  # training learns: loss falls, first-token accuracy rises
+        assert last[split]["loss_epoch"] < 0.8 * first[split]["loss_epoch"], split
+        assert last[split]["full_acc_0_epoch"] > first[split]["full_acc_0_epoch"], split
 
 
 def test_speculation_is_lossless(default_run):
@@ -97,11 +102,18 @@ def test_shards_hold_the_hidden_states_of_the_tokenized_rows(default_run):
 
 
 def test_gpu_jobs_never_overlap_and_cpu_jobs_fill_the_gaps(default_run):
+    # The cap is the default profile's, as for `make run`: the harness passes none.
+    assert "Using workflow specific profile profiles/default" in default_run["log"]
     jobs = job_timeline(default_run["log"])
     assert {j["rule"] for j in jobs} >= GPU_RULES
     gpu = sorted((j for j in jobs if j["rule"] in GPU_RULES), key=lambda j: j["start"])
     for a, b in zip(gpu, gpu[1:]):
         assert a["end"] <= b["start"], f"{a['rule']} and {b['rule']} overlapped"
+    # CPU jobs ran while a GPU job held the GPUs (draft_config beside regeneration,
+    # build_vocab_mapping beside extraction): they do not wait for the GPU rules.
+    beside = {c["rule"] for c in jobs if c["rule"] not in GPU_RULES | {"all"}
+              for g in gpu if c["start"] < g["end"] and g["start"] < c["end"]}
+    assert beside, "no CPU job ran while a GPU job was running"
 
 
 def test_one_extraction_server_serves_every_shard(default_run):
