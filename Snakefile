@@ -1,6 +1,7 @@
 # eaglenest: train an EAGLE-3 draft head for a served target model.
 # `snakemake --cores all` builds what is missing; `snakemake -n` shows the plan.
 
+
 configfile: "config/config.yaml"
 
 

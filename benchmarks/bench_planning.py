@@ -62,8 +62,7 @@ def write_config(base: Path, num_shards: int, out: Path) -> Path:
 
 
 def snakemake_cmd(snakefile: Path, configfile: Path, workdir: Path) -> list[str]:
-    return ["-n", "-s", str(snakefile), "--configfile", str(configfile), "--directory",
-            str(workdir)]
+    return ["-n", "-s", str(snakefile), "--configfile", str(configfile), "--directory", str(workdir)]
 
 
 def child_env() -> dict:
@@ -121,8 +120,15 @@ def profile_plan(snakefile: Path, base_config: Path, num_shards: int, top: int =
         cfg = write_config(base_config, num_shards, tmp / "config.yaml")
         prof = tmp / "plan.prof"
         snakemake_bin = Path(sys.executable).with_name("snakemake")
-        cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), str(snakemake_bin),
-               *snakemake_cmd(snakefile, cfg, tmp / "wd")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(prof),
+            str(snakemake_bin),
+            *snakemake_cmd(snakefile, cfg, tmp / "wd"),
+        ]
         subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, check=True)
         stats = pstats.Stats(str(prof))
         total = stats.total_tt
@@ -137,8 +143,10 @@ def profile_plan(snakefile: Path, base_config: Path, num_shards: int, top: int =
             return f"{path}:{line}({name})"
 
         rows = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)
-        print(f"{'cumulative s':>12} {'share':>6} {'calls':>10}  function (snakemake internals "
-              f"and this workflow's code)")
+        print(
+            f"{'cumulative s':>12} {'share':>6} {'calls':>10}  function (snakemake internals "
+            f"and this workflow's code)"
+        )
         shown = 0
         for func, (cc, nc, tt, ct, callers) in rows:
             path = func[0]
@@ -168,8 +176,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per size; the best counts")
     parser.add_argument("--configfile", type=Path, default=REPO / "config" / "kimi-k2.5.yaml")
     parser.add_argument("--snakefile", type=Path, default=REPO / "Snakefile")
-    parser.add_argument("--profile", type=int, metavar="N", default=None,
-                        help="also cProfile one plan with N shards")
+    parser.add_argument(
+        "--profile", type=int, metavar="N", default=None, help="also cProfile one plan with N shards"
+    )
     parser.add_argument("--no-guard", action="store_true", help="skip the network/model check")
     args = parser.parse_args()
     shards = sorted(set(args.shards))
@@ -181,26 +190,32 @@ def main() -> None:
         results.append((n, runs[0][2], min(r[0] for r in runs), min(r[1] for r in runs)))
 
     where = configfile.relative_to(REPO) if configfile.is_relative_to(REPO) else configfile
-    print(f"snakemake -n, {where} with hidden_states.num_shards = N, fresh working directory, "
-          f"Snakefile {snakefile}; best of {max(1, args.repeat)}; {os.cpu_count()} CPUs, load "
-          f"average {os.getloadavg()[0]:.1f}")
-    print(f"{'shards':>7} {'jobs':>6} {'seconds':>8} {'s/shard':>9} {'CPU s':>7} "
-          f"{'CPU ms/shard above N0':>22}")
+    print(
+        f"snakemake -n, {where} with hidden_states.num_shards = N, fresh working directory, "
+        f"Snakefile {snakefile}; best of {max(1, args.repeat)}; {os.cpu_count()} CPUs, load "
+        f"average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"{'shards':>7} {'jobs':>6} {'seconds':>8} {'s/shard':>9} {'CPU s':>7} {'CPU ms/shard above N0':>22}"
+    )
     n0, _, t0, c0 = results[0]
     for n, jobs, t, c in results:
         above = f"{(c - c0) / (n - n0) * 1e3:.2f}" if n > n0 else "-"
         print(f"{n:>7} {jobs:>6} {t:>8.2f} {t / n:>9.4f} {c:>7.2f} {above:>22}")
     if len(results) >= 2:
         (na, _, ta, ca), (nb, _, tb, cb) = results[-2], results[-1]
-        print(f"growth exponent {na}->{nb} shards, log-log slope: wall {slope(na, ta, nb, tb):.2f}, "
-              f"CPU {slope(na, ca, nb, cb):.2f}")
+        print(
+            f"growth exponent {na}->{nb} shards, log-log slope: wall {slope(na, ta, nb, tb):.2f}, "
+            f"CPU {slope(na, ca, nb, cb):.2f}"
+        )
         if na > n0:
-            print(f"growth exponent {na}->{nb} of the CPU time above {n0} shards (the per-shard "
-                  f"part; 1 = linear, 2 = quadratic): {slope(na - n0, ca - c0, nb - n0, cb - c0):.2f}")
+            print(
+                f"growth exponent {na}->{nb} of the CPU time above {n0} shards (the per-shard "
+                f"part; 1 = linear, 2 = quadratic): {slope(na - n0, ca - c0, nb - n0, cb - c0):.2f}"
+            )
         at_1000 = [t for n, _, t, _ in results if n == 1000]
         if at_1000:
-            print(f"1000 shards: {at_1000[0]:.2f} s (goal < 5 s: "
-                  f"{'met' if at_1000[0] < 5 else 'MISSED'})")
+            print(f"1000 shards: {at_1000[0]:.2f} s (goal < 5 s: {'met' if at_1000[0] < 5 else 'MISSED'})")
 
     if not args.no_guard:
         print(guarded_plan(snakefile, configfile, 100))

@@ -43,8 +43,7 @@ from pathlib import Path
 
 from eaglenest.snakemake_log import parse_jobs
 
-DEFAULT_GPU_RULES = ("regenerate_responses", "extract_hidden_states", "train_draft",
-                     "evaluate_acceptance")
+DEFAULT_GPU_RULES = ("regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance")
 TOLERANCE_S = 1.5  # log timestamps have whole seconds
 SPLIT_IDLE_S = 10.0  # metadata only: no job for this long = between invocations
 
@@ -90,15 +89,20 @@ _ELAPSED = re.compile(r"^Elapsed time: (?:(\d+) days?, )?(\d+):(\d\d):(\d\d(?:\.
 def parse_log(path: Path, index: int, gpu_rules) -> Invocation:
     text = path.read_text(errors="replace")
     name = re.match(r"(\d{4}-\d\d-\d\dT\d{6}\.\d+)", path.name)
-    start = (dt.datetime.strptime(name.group(1), "%Y-%m-%dT%H%M%S.%f").timestamp() if name
-             else path.stat().st_mtime)
+    start = (
+        dt.datetime.strptime(name.group(1), "%Y-%m-%dT%H%M%S.%f").timestamp()
+        if name
+        else path.stat().st_mtime
+    )
     inv = Invocation(index=index, log=path.name, start=start)
     for line in text.splitlines():  # the invocation as a whole; the jobs come from parse_jobs
         if line.startswith("  Command:"):
             cmd = line.split(":", 1)[1].split()
-            inv.dry_run = any(a in ("-n", "--dry-run", "--dryrun") or
-                              (a.startswith("-") and not a.startswith("--") and "n" in a[1:]
-                               and a[1:].isalpha()) for a in cmd[1:])
+            inv.dry_run = any(
+                a in ("-n", "--dry-run", "--dryrun")
+                or (a.startswith("-") and not a.startswith("--") and "n" in a[1:] and a[1:].isalpha())
+                for a in cmd[1:]
+            )
         elif line.startswith(("Error in rule ", "At least one job did not complete successfully")):
             inv.failed = True
         elif line.startswith("Terminating processes on user request"):
@@ -109,11 +113,20 @@ def parse_log(path: Path, index: int, gpu_rules) -> Invocation:
     for rec in parse_jobs(text):
         if rec.start is None or not rec.outputs:  # `all` has no outputs
             continue
-        inv.jobs.append(Job(
-            rule=rec.rule, start=rec.start.timestamp(), jobid=rec.jobid,
-            end=rec.end.timestamp() if rec.end is not None else None, status=rec.status,
-            wildcards=rec.wildcards, inputs=rec.inputs, outputs=rec.outputs, invocation=index,
-            gpu=rec.gpu or (rec.rule in gpu_rules and not rec.inputs)))
+        inv.jobs.append(
+            Job(
+                rule=rec.rule,
+                start=rec.start.timestamp(),
+                jobid=rec.jobid,
+                end=rec.end.timestamp() if rec.end is not None else None,
+                status=rec.status,
+                wildcards=rec.wildcards,
+                inputs=rec.inputs,
+                outputs=rec.outputs,
+                invocation=index,
+                gpu=rec.gpu or (rec.rule in gpu_rules and not rec.inputs),
+            )
+        )
     if inv.failed and inv.state != "interrupted":
         inv.state = "failed"
     if inv.end is None:  # still running, or killed: the last thing it said
@@ -161,8 +174,13 @@ def refine_with_metadata(jobs: list[Job], records: dict[str, dict]) -> None:
     """Sub-second start/end from the records, for jobs whose record is from that execution."""
     for job in jobs:
         recs = [records[o] for o in job.outputs if o in records]
-        recs = [r for r in recs if r.get("rule") == job.rule and r.get("starttime")
-                and abs(r["starttime"] - job.start) <= TOLERANCE_S + 1]
+        recs = [
+            r
+            for r in recs
+            if r.get("rule") == job.rule
+            and r.get("starttime")
+            and abs(r["starttime"] - job.start) <= TOLERANCE_S + 1
+        ]
         if not recs:
             continue
         job.start = min(r["starttime"] for r in recs)
@@ -182,9 +200,15 @@ def jobs_from_metadata(records: dict[str, dict], gpu_rules) -> list[Job]:
         key = (rec["rule"], rec.get("job_hash"), round(start))
         job = groups.get(key)
         if job is None:
-            job = groups[key] = Job(rule=rec["rule"], start=start, end=rec.get("endtime"),
-                                    status="finished", inputs=list(rec.get("input", [])),
-                                    gpu=rec["rule"] in gpu_rules, precise=True)
+            job = groups[key] = Job(
+                rule=rec["rule"],
+                start=start,
+                end=rec.get("endtime"),
+                status="finished",
+                inputs=list(rec.get("input", [])),
+                gpu=rec["rule"] in gpu_rules,
+                precise=True,
+            )
         job.outputs.append(path)
         job.start = min(job.start, start)
         job.end = max(job.end or 0, rec.get("endtime") or 0)
@@ -258,9 +282,11 @@ def classify_gap(inv: Invocation, s: float, e: float, last_gap: bool) -> tuple[s
     for j in later_gpu if e - s > TOLERANCE_S else []:
         r = ready_time(j, inv)
         if r < e - TOLERANCE_S and r < j.start - TOLERANCE_S:
-            return ("READY-BUT-IDLE",
-                    f"{j.label} ready at +{r - inv.start:.1f}s, started {j.start - r:.1f}s later; "
-                    f"CPU jobs running meanwhile: {names}")
+            return (
+                "READY-BUT-IDLE",
+                f"{j.label} ready at +{r - inv.start:.1f}s, started {j.start - r:.1f}s later; "
+                f"CPU jobs running meanwhile: {names}",
+            )
     if not any(j.start < e and (j.end or e) > s for j in inv.jobs) and s == inv.start:
         return "STARTUP", "Snakemake start-up and DAG building before the first job"
     if last_gap and not later_gpu:
@@ -274,8 +300,11 @@ def classify_gap(inv: Invocation, s: float, e: float, last_gap: bool) -> tuple[s
         on_path = sorted({j.label for j in running_cpu if id(j) in need})
         beside = sorted({j.label for j in running_cpu if id(j) not in need})
         if not on_path:
-            return ("HAND-OVER", f"{nxt.label} next; no CPU job in between (Snakemake's job "
-                                 f"hand-over, and 1 s log timestamps)")
+            return (
+                "HAND-OVER",
+                f"{nxt.label} next; no CPU job in between (Snakemake's job "
+                f"hand-over, and 1 s log timestamps)",
+            )
         detail = f"{nxt.label} waits on CPU jobs: {', '.join(on_path)}"
         if beside:
             detail += f" (also running, not needed: {', '.join(beside)})"
@@ -290,16 +319,31 @@ def fmt_clock(t: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", default="results/default")
-    parser.add_argument("--workdir", type=Path, default=Path("."),
-                        help="where .snakemake lives (the workflow's working directory)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("."),
+        help="where .snakemake lives (the workflow's working directory)",
+    )
     parser.add_argument("--source", choices=("auto", "log", "metadata"), default="auto")
-    parser.add_argument("--last-invocation", action="store_true",
-                        help="only the latest invocation that ran jobs for the run dir")
-    parser.add_argument("--logs", nargs="+", metavar="NAME",
-                        help="these invocations (log file names, or their first characters, "
-                             "e.g. 2026-11-29T1049) instead of the automatic choice")
-    parser.add_argument("--gpu-rules", nargs="+", default=list(DEFAULT_GPU_RULES),
-                        help="GPU rules when the logs do not say (metadata source)")
+    parser.add_argument(
+        "--last-invocation",
+        action="store_true",
+        help="only the latest invocation that ran jobs for the run dir",
+    )
+    parser.add_argument(
+        "--logs",
+        nargs="+",
+        metavar="NAME",
+        help="these invocations (log file names, or their first characters, "
+        "e.g. 2026-11-29T1049) instead of the automatic choice",
+    )
+    parser.add_argument(
+        "--gpu-rules",
+        nargs="+",
+        default=list(DEFAULT_GPU_RULES),
+        help="GPU rules when the logs do not say (metadata source)",
+    )
     args = parser.parse_args()
     workdir, run_dir = args.workdir, args.run_dir.rstrip("/")
     records = read_metadata(workdir, run_dir)
@@ -318,8 +362,11 @@ def main() -> None:
         for inv in invocations:
             refine_with_metadata(inv.jobs, records)
         # The run: from the first invocation that made an output still on disk to the last.
-        current = [k for k, inv in enumerate(invocations)
-                   if any(j.status == "finished" and j.precise for j in inv.jobs)]
+        current = [
+            k
+            for k, inv in enumerate(invocations)
+            if any(j.status == "finished" and j.precise for j in inv.jobs)
+        ]
         first = current[0] if current else len(invocations) - 1
         if args.last_invocation:
             invocations = invocations[-1:]
@@ -339,13 +386,14 @@ def main() -> None:
                 inv = invocations[-1]
                 inv.end = max(inv.end, j.end)
             else:
-                inv = Invocation(index=len(invocations), log="(metadata)", start=j.start,
-                                 end=j.end)
+                inv = Invocation(index=len(invocations), log="(metadata)", start=j.start, end=j.end)
                 invocations.append(inv)
             j.invocation = inv.index
             inv.jobs.append(j)
-        source = (f"metadata records only (spans split where no job ran for {SPLIT_IDLE_S:.0f}s; "
-                  "failed attempts are not recorded, and records may come from different runs)")
+        source = (
+            f"metadata records only (spans split where no job ran for {SPLIT_IDLE_S:.0f}s; "
+            "failed attempts are not recorded, and records may come from different runs)"
+        )
 
     t0 = invocations[0].start
     done = Path(workdir / run_dir / "eval" / "acceptance.json").exists()
@@ -355,25 +403,32 @@ def main() -> None:
     else:
         state = "yes" + ("" if done else " (eval/acceptance.json since removed)")
     print(f"run {run_dir}: {len(invocations)} invocation(s), source: {source}; finished: {state}")
-    print(f"{'inv':>3} {'job':<34} {'start':>8} {'end':>8} {'secs':>7}  {'GPU':<3}  "
-          f"{'clock':<10} status")
+    print(f"{'inv':>3} {'job':<34} {'start':>8} {'end':>8} {'secs':>7}  {'GPU':<3}  {'clock':<10} status")
     for inv in invocations:
         for j in sorted(inv.jobs, key=lambda j: j.start):
             end = j.end if j.end is not None else inv.end
-            print(f"{inv.index:>3} {j.label:<34} {j.start - t0:>+8.1f} {end - t0:>+8.1f} "
-                  f"{end - j.start:>7.1f}  {'GPU' if j.gpu else '-':<3}  {fmt_clock(j.start):<10} "
-                  f"{j.status}{'' if j.precise else ' (log, 1 s)'}")
+            print(
+                f"{inv.index:>3} {j.label:<34} {j.start - t0:>+8.1f} {end - t0:>+8.1f} "
+                f"{end - j.start:>7.1f}  {'GPU' if j.gpu else '-':<3}  {fmt_clock(j.start):<10} "
+                f"{j.status}{'' if j.precise else ' (log, 1 s)'}"
+            )
 
     wall = sum(inv.end - inv.start for inv in invocations)
-    gpu_busy = sum(union_length([(max(j.start, inv.start), min(j.end or inv.end, inv.end))
-                                 for j in inv.jobs if j.gpu]) for inv in invocations)
+    gpu_busy = sum(
+        union_length([(max(j.start, inv.start), min(j.end or inv.end, inv.end)) for j in inv.jobs if j.gpu])
+        for inv in invocations
+    )
     between = sum(max(0.0, b.start - a.end) for a, b in zip(invocations, invocations[1:]))
     print()
     for inv in invocations:
-        print(f"invocation {inv.index} ({inv.log}): +{inv.start - t0:.1f}s .. +{inv.end - t0:.1f}s, "
-              f"{inv.end - inv.start:.1f}s, {inv.state}")
-    print(f"wall time {wall:.1f}s in invocations (+{between:.1f}s between them, not counted); "
-          f"a GPU job was running {gpu_busy:.1f}s = {gpu_busy / wall:.1%} of it")
+        print(
+            f"invocation {inv.index} ({inv.log}): +{inv.start - t0:.1f}s .. +{inv.end - t0:.1f}s, "
+            f"{inv.end - inv.start:.1f}s, {inv.state}"
+        )
+    print(
+        f"wall time {wall:.1f}s in invocations (+{between:.1f}s between them, not counted); "
+        f"a GPU job was running {gpu_busy:.1f}s = {gpu_busy / wall:.1%} of it"
+    )
 
     print("\nstretches with no GPU job running:")
     print(f"{'start':>8} {'end':>8} {'secs':>6}  {'kind':<15} detail")
@@ -386,11 +441,17 @@ def main() -> None:
             kind, detail = classify_gap(inv, s, e, k == len(gaps) - 1)
             totals[kind] = totals.get(kind, 0.0) + (e - s)
             print(f"{s - t0:>+8.1f} {e - t0:>+8.1f} {e - s:>6.1f}  {kind:<15} {detail}")
-    print("GPU idle by kind: " + ", ".join(f"{k} {v:.1f}s ({v / wall:.1%})"
-                                           for k, v in sorted(totals.items(), key=lambda kv: -kv[1])))
+    print(
+        "GPU idle by kind: "
+        + ", ".join(
+            f"{k} {v:.1f}s ({v / wall:.1%})" for k, v in sorted(totals.items(), key=lambda kv: -kv[1])
+        )
+    )
     delayed = totals.get("READY-BUT-IDLE", 0.0)
-    print(f"GPU jobs delayed by CPU jobs although their inputs were ready: {delayed:.1f}s "
-          f"({'none' if delayed == 0 else 'SEE READY-BUT-IDLE above'})")
+    print(
+        f"GPU jobs delayed by CPU jobs although their inputs were ready: {delayed:.1f}s "
+        f"({'none' if delayed == 0 else 'SEE READY-BUT-IDLE above'})"
+    )
 
 
 if __name__ == "__main__":

@@ -71,8 +71,10 @@ def synth_responses(path: Path, size_mb: float, seed: int = 0) -> int:
             turns = 2 if rng.random() < 0.2 else 1
             for t in range(turns):
                 messages.append({"role": "user", "content": rng.choice(prompts)})
-                reply = {"role": "assistant",
-                         "content": text(int(rng.lognormvariate(5.6, 0.6)))}  # ~300 words
+                reply = {
+                    "role": "assistant",
+                    "content": text(int(rng.lognormvariate(5.6, 0.6))),
+                }  # ~300 words
                 if rng.random() < 0.3:
                     reply["reasoning_content"] = text(int(rng.lognormvariate(4.8, 0.5)))
                 messages.append(reply)
@@ -138,8 +140,9 @@ def load_rows(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     with open(path, "rb") as f:
         for line in f:
             row = json.loads(line)
-            rows.append((np.asarray(row["input_ids"], dtype=np.int64),
-                         np.asarray(row["loss_mask"], dtype=np.uint8)))
+            rows.append(
+                (np.asarray(row["input_ids"], dtype=np.int64), np.asarray(row["loss_mask"], dtype=np.uint8))
+            )
     return rows
 
 
@@ -147,7 +150,7 @@ def count_numpy(rows, vocab: int, chunk: int = 256) -> np.ndarray:
     """What tokenize_responses does per chunk of 256 rows: ids[mask], concatenate, bincount."""
     counts = np.zeros(vocab, dtype=np.int64)
     for i in range(0, len(rows), chunk):
-        masked = [ids[mask.astype(bool)] for ids, mask in rows[i:i + chunk]]
+        masked = [ids[mask.astype(bool)] for ids, mask in rows[i : i + chunk]]
         counts += np.bincount(np.concatenate(masked), minlength=vocab)
     return counts
 
@@ -198,8 +201,9 @@ def main() -> None:
         data, freq, meta_path = out / "tokenized_data.jsonl", out / "token_freq.pt", out / "metadata.json"
 
         t_parse_raw = best_of(lambda: parse_only(raw), args.repeat)
-        t_tok = best_of(lambda: tokenize_responses(raw, target, args.max_seq_len, "truncate",
-                                                   data, freq, meta_path), 1)
+        t_tok = best_of(
+            lambda: tokenize_responses(raw, target, args.max_seq_len, "truncate", data, freq, meta_path), 1
+        )
         meta = t_tok[2]
         tok_mb = data.stat().st_size / 1e6
         vocab = meta["target_vocab_size"]
@@ -215,39 +219,42 @@ def main() -> None:
         scale = len(rows_np) / sub
         t_py = tuple(x * scale for x in best_of(lambda: count_python(rows_lists, vocab), 1)[:2])
         stage_counts = torch.load(freq, weights_only=True).numpy()
-        same = all(np.array_equal(c, stage_counts)
-                   for c in (t_count_file[2], t_count_text[2], t_count_np[2]))
+        same = all(np.array_equal(c, stage_counts) for c in (t_count_file[2], t_count_text[2], t_count_np[2]))
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"tiny target (vocab {vocab}) built in {t_build:.1f}s; raw_responses.jsonl "
-          f"{raw_mb:.1f} MB, {rows:,} rows; {meta['tokens_total']:,} tokens, "
-          f"{meta['tokens_loss_masked']:,} loss-masked; tokenized_data.jsonl {tok_mb:.1f} MB; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; best of {args.repeat} "
-          f"(the stage: 1 run)")
+    print(
+        f"tiny target (vocab {vocab}) built in {t_build:.1f}s; raw_responses.jsonl "
+        f"{raw_mb:.1f} MB, {rows:,} rows; {meta['tokens_total']:,} tokens, "
+        f"{meta['tokens_loss_masked']:,} loss-masked; tokenized_data.jsonl {tok_mb:.1f} MB; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; best of {args.repeat} "
+        f"(the stage: 1 run)"
+    )
     print(f"{'step':<70} {'wall s':>7} {'CPU s':>7} {'MB/s (CPU)':>11}")
     lines = [
         ("raw_responses.jsonl: read + json.loads per line", t_parse_raw, raw_mb),
         ("raw_responses.jsonl: tokenize_responses (whole stage)", t_tok, raw_mb),
         ("tokenized_data.jsonl: read + json.loads per line", t_parse_tok, tok_mb),
-        ("tokenized_data.jsonl: read + json.loads + count (numpy mask+bincount)", t_count_file,
-         tok_mb),
-        ("tokenized_data.jsonl: read + count, numpy parses the id text (no json)", t_count_text,
-         tok_mb),
+        ("tokenized_data.jsonl: read + json.loads + count (numpy mask+bincount)", t_count_file, tok_mb),
+        ("tokenized_data.jsonl: read + count, numpy parses the id text (no json)", t_count_text, tok_mb),
         ("counting alone on parsed rows: numpy, 256-row chunks (as the stage)", t_count_np, tok_mb),
         ("counting alone on parsed rows: pure-Python loop (est. from 10%)", t_py, tok_mb),
     ]
     for name, t, mb in lines:
         print(f"{name:<70} {t[0]:>7.2f} {t[1]:>7.2f} {mb / t[1]:>11.1f}")
-    print(f"tokenize_responses vs bare parse of its input: {t_tok[1] / t_parse_raw[1]:.0f}x the "
-          f"CPU time ({t_tok[0] / t_parse_raw[0]:.0f}x the wall time)")
+    print(
+        f"tokenize_responses vs bare parse of its input: {t_tok[1] / t_parse_raw[1]:.0f}x the "
+        f"CPU time ({t_tok[0] / t_parse_raw[0]:.0f}x the wall time)"
+    )
     ratio, ratio_text = t_parse_tok[1] / t_count_file[1], t_parse_tok[1] / t_count_text[1]
-    print(f"token counting runs at {ratio:.2f}x the speed of merely parsing the file with json "
-          f"({ratio_text:.2f}x when numpy parses the ids) (CPU time; goal >= 0.50: "
-          f"{'met' if ratio >= 0.5 else 'MISSED'}); counting alone costs "
-          f"{t_count_np[1] / t_parse_tok[1]:.1%} of the parse in numpy, "
-          f"{t_py[1] / t_parse_tok[1]:.0%} as a Python loop")
+    print(
+        f"token counting runs at {ratio:.2f}x the speed of merely parsing the file with json "
+        f"({ratio_text:.2f}x when numpy parses the ids) (CPU time; goal >= 0.50: "
+        f"{'met' if ratio >= 0.5 else 'MISSED'}); counting alone costs "
+        f"{t_count_np[1] / t_parse_tok[1]:.1%} of the parse in numpy, "
+        f"{t_py[1] / t_parse_tok[1]:.0%} as a Python loop"
+    )
     print(f"counts identical to the stage's token_freq.pt: {same}")
 
 

@@ -68,19 +68,27 @@ def main() -> None:
             np.save(tmp / "spec_t2d.npy", t2d.numpy())
 
         rows = [
-            ("eaglenest  dense token_freq.pt -> 4 files + coverage json",
-             lambda: build_vocab_mapping(dense_pt, DRAFT_VOCAB, out)),
-            ("eaglenest  dict token_freq.pt  -> 4 files + coverage json",
-             lambda: build_vocab_mapping(dict_pt, DRAFT_VOCAB, out,
-                                         target_vocab_size=TARGET_VOCAB)),
-            ("eaglenest  in memory: selection + coverage curve",
-             lambda: compute_vocab_mapping(counts, DRAFT_VOCAB)),
-            ("eaglenest  dense file -> 4 files + json + coverage PNG",
-             lambda: build_vocab_mapping(dense_pt, DRAFT_VOCAB, with_plot)),
-            ("speculators build_vocab_mappings_from_distribution (dict)",
-             lambda: spec_build(as_dict, DRAFT_VOCAB, TARGET_VOCAB)),
-            ("speculators dict file -> load, build, np.save d2t/t2d",
-             speculators_file_path),
+            (
+                "eaglenest  dense token_freq.pt -> 4 files + coverage json",
+                lambda: build_vocab_mapping(dense_pt, DRAFT_VOCAB, out),
+            ),
+            (
+                "eaglenest  dict token_freq.pt  -> 4 files + coverage json",
+                lambda: build_vocab_mapping(dict_pt, DRAFT_VOCAB, out, target_vocab_size=TARGET_VOCAB),
+            ),
+            (
+                "eaglenest  in memory: selection + coverage curve",
+                lambda: compute_vocab_mapping(counts, DRAFT_VOCAB),
+            ),
+            (
+                "eaglenest  dense file -> 4 files + json + coverage PNG",
+                lambda: build_vocab_mapping(dense_pt, DRAFT_VOCAB, with_plot),
+            ),
+            (
+                "speculators build_vocab_mappings_from_distribution (dict)",
+                lambda: spec_build(as_dict, DRAFT_VOCAB, TARGET_VOCAB),
+            ),
+            ("speculators dict file -> load, build, np.save d2t/t2d", speculators_file_path),
         ]
         timings = [(name, *best_and_median(fn, args.repeat)) for name, fn in rows]
 
@@ -91,9 +99,11 @@ def main() -> None:
             torch.load(out.d2t_pt, weights_only=True), ref_d2t
         )
 
-    print(f"target vocab {TARGET_VOCAB:,}, draft vocab {DRAFT_VOCAB:,}, {TOKENS:,} masked tokens, "
-          f"{len(as_dict):,} distinct ids seen; {args.repeat} runs each, torch threads "
-          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"target vocab {TARGET_VOCAB:,}, draft vocab {DRAFT_VOCAB:,}, {TOKENS:,} masked tokens, "
+        f"{len(as_dict):,} distinct ids seen; {args.repeat} runs each, torch threads "
+        f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}"
+    )
     width = max(len(row[0]) for row in timings)
     print(f"{'path':<{width}}  {'best ms':>8}  {'median ms':>9}")
     for name, best, median in timings:

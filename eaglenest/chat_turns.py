@@ -79,7 +79,7 @@ def split_inline_reasoning(content: str) -> tuple[str | None, str]:
     before, after = content.split(THINK_CLOSE, 1)
     before = before.lstrip()
     if before.startswith(THINK_OPEN):
-        before = before[len(THINK_OPEN):]
+        before = before[len(THINK_OPEN) :]
     elif THINK_OPEN in before:  # text before an opening tag: not a reasoning block
         return None, content
     return before.strip("\n"), after.lstrip("\n")
@@ -100,8 +100,15 @@ def _common_prefix_len(a: str, b: str) -> int:
 def _rendered_forms(value: str):
     """The forms a template may write a value in, most likely first (as is, stripped, trimmed)."""
     seen = set()
-    for form in (value, value.strip(), value.strip("\n"), value.lstrip("\n"), value.rstrip("\n"),
-                 value.lstrip(), value.rstrip()):
+    for form in (
+        value,
+        value.strip(),
+        value.strip("\n"),
+        value.lstrip("\n"),
+        value.rstrip("\n"),
+        value.lstrip(),
+        value.rstrip(),
+    ):
         if form not in seen:
             seen.add(form)
             yield form
@@ -131,7 +138,7 @@ def align_values(sentinel_text: str, text: str, values: dict[str, str]) -> dict[
             raise TemplateMismatch("the template text around the values differs with the values")
         at += len(before)
         after_end = found[k + 1][0] if k + 1 < len(found) else len(sentinel_text)
-        after = sentinel_text[p + len(sentinel):after_end]
+        after = sentinel_text[p + len(sentinel) : after_end]
         last = k + 1 == len(found)
         for form in _rendered_forms(values[sentinel]):
             rest = at + len(form)
@@ -200,8 +207,11 @@ class ChatTurns:
             # A message attribute (message.thinking, message['thinking'], 'thinking' in message,
             # message.get('thinking')), not a template switch of the same name (DeepSeek-V3.1).
             f = re.escape(field)
-            if re.search(rf"""message\s*(\.\s*{f}\b|\[\s*['"]{f}['"]|\.\s*get\(\s*['"]{f}['"])"""
-                         rf"""|['"]{f}['"]\s+in\s+message\b""", template):
+            if re.search(
+                rf"""message\s*(\.\s*{f}\b|\[\s*['"]{f}['"]|\.\s*get\(\s*['"]{f}['"])"""
+                rf"""|['"]{f}['"]\s+in\s+message\b""",
+                template,
+            ):
                 return field
         vocab = self.tokenizer.get_vocab()
         if THINK_OPEN in vocab and THINK_CLOSE in vocab and renders(INLINE):
@@ -261,8 +271,9 @@ class ChatTurns:
                 fate = DROPPED_UNSUPPORTED
             else:
                 fate = DROPPED_BY_TEMPLATE
-            span = self._turn_span(i, real, text, spans, c_of, r_of, keep, value_starts,
-                                   is_last=i == last_message, build=build)
+            span = self._turn_span(
+                i, real, text, spans, c_of, r_of, keep, value_starts, is_last=i == last_message, build=build
+            )
             places.append(TurnPlace(i, span, fate))
         return text, places
 
@@ -275,7 +286,7 @@ class ChatTurns:
         try:
             history = self.render(real[:i])
             prompt = self.render(real[:i], generation_prompt=True)
-            header = prompt[len(history):] if prompt.startswith(history) else None
+            header = prompt[len(history) :] if prompt.startswith(history) else None
         except Exception:  # e.g. a template that cannot render an empty history
             history = header = None
         header = self._probe_header if header is None else header
@@ -283,11 +294,12 @@ class ChatTurns:
             if all(m["role"] == "system" for m in real[:i]):
                 raise OpensWithAssistant(
                     "the conversation opens with an assistant turn, and the chat template "
-                    "renders no generation prompt to tell where such a turn starts")
+                    "renders no generation prompt to tell where such a turn starts"
+                )
             return None
         start = None
         if history is not None and text.startswith(history) and len(history) <= first:
-            matched = _common_prefix_len(header, text[len(history):first])
+            matched = _common_prefix_len(header, text[len(history) : first])
             if matched >= len(self._role_marker(header)):  # not a mere "<|im_" of another token
                 start = len(history) + matched
         if start is None:  # the render differs from the history render: find the header
@@ -301,7 +313,7 @@ class ChatTurns:
             end = c_end + len(text[c_end:].rstrip())
         else:
             alone = self.render(build(True)[: i + 1])
-            closing = alone[alone.find(c_of[i]) + len(c_of[i]):].rstrip()
+            closing = alone[alone.find(c_of[i]) + len(c_of[i]) :].rstrip()
             if text.startswith(closing, c_end):
                 end = c_end + len(closing)
             else:  # closed by other special tokens than when last (gpt-oss: <|end|>, <|return|>)
@@ -319,7 +331,7 @@ class ChatTurns:
             history, prompt = self.render(user), self.render(user, generation_prompt=True)
         except Exception:
             return None
-        return prompt[len(history):] if prompt.startswith(history) and len(prompt) > len(history) else None
+        return prompt[len(history) :] if prompt.startswith(history) and len(prompt) > len(history) else None
 
     def _role_marker(self, header: str) -> str:
         """The least of a header a turn must repeat: its first special token, or all of it."""

@@ -39,16 +39,27 @@ def _vocab_mapping(subparsers) -> None:
             "t2d.npy, d2t.npy and vocab_coverage.json to OUTPUT_DIR."
         ),
     )
-    p.add_argument("--token-freq", required=True, metavar="FILE",
-                   help="token_freq.pt: dense count tensor [target_vocab] or {token_id: count}")
+    p.add_argument(
+        "--token-freq",
+        required=True,
+        metavar="FILE",
+        help="token_freq.pt: dense count tensor [target_vocab] or {token_id: count}",
+    )
     p.add_argument("--draft-vocab-size", required=True, type=int, metavar="N")
     p.add_argument("--output-dir", required=True, metavar="DIR")
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--target-model", metavar="PATH",
-                        help="target model folder; vocab_size is read from its config.json")
+    target.add_argument(
+        "--target-model", metavar="PATH", help="target model folder; vocab_size is read from its config.json"
+    )
     target.add_argument("--target-vocab-size", type=int, metavar="V")
-    p.add_argument("--always-keep-ids", type=int, nargs="+", default=[], metavar="ID",
-                   help="ids that are always in the draft vocabulary (e.g. special tokens)")
+    p.add_argument(
+        "--always-keep-ids",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="ID",
+        help="ids that are always in the draft vocabulary (e.g. special tokens)",
+    )
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of coverage vs draft size")
     p.set_defaults(run=_run_vocab_mapping)
 
@@ -92,10 +103,8 @@ def _plan(subparsers) -> None:
     )
     p.add_argument("-s", "--snakefile", metavar="FILE")
     p.add_argument("-d", "--directory", metavar="DIR", help="snakemake's working directory")
-    p.add_argument("--configfile", "--configfiles", nargs="+", action="extend", default=[],
-                   metavar="FILE")
-    p.add_argument("--config", "-C", nargs="+", action="extend", default=[],
-                   metavar="KEY=VALUE")
+    p.add_argument("--configfile", "--configfiles", nargs="+", action="extend", default=[], metavar="FILE")
+    p.add_argument("--config", "-C", nargs="+", action="extend", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("snakemake_args", nargs=argparse.REMAINDER, metavar="-- SNAKEMAKE_ARGS")
     p.set_defaults(run=_run_plan)
@@ -109,8 +118,13 @@ def _run_plan(args: argparse.Namespace) -> int:
     extra = list(args.snakemake_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    plan = make_plan(snakefile=args.snakefile, directory=args.directory,
-                     configfiles=args.configfile, config_entries=args.config, extra_args=extra)
+    plan = make_plan(
+        snakefile=args.snakefile,
+        directory=args.directory,
+        configfiles=args.configfile,
+        config_entries=args.config,
+        extra_args=extra,
+    )
     if args.json:
         print(json.dumps(plan, indent=1, default=str))
     else:

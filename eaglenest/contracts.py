@@ -22,19 +22,28 @@ def check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy) -> No
         if manifest["aux_layer_ids"] != dcfg["aux_layer_ids"]:
             raise EaglenestError(
                 f"hidden states from layers {manifest['aux_layer_ids']} but {draft_config_path} "
-                f"expects {dcfg['aux_layer_ids']}", manifest_path)
+                f"expects {dcfg['aux_layer_ids']}",
+                manifest_path,
+            )
         if manifest["hidden_size"] != dcfg["hidden_size"]:
             raise EaglenestError(
                 f"hidden size {manifest['hidden_size']} differs from {dcfg['hidden_size']} in "
-                f"{draft_config_path}", manifest_path)
+                f"{draft_config_path}",
+                manifest_path,
+            )
     t2d, d2t = np.load(t2d_npy), np.load(d2t_npy)
     if t2d.shape != (dcfg["target_vocab_size"],):
-        raise EaglenestError(f"t2d covers {t2d.shape[0]} target ids but {draft_config_path} says "
-                             f"the target vocabulary has {dcfg['target_vocab_size']}", t2d_npy)
+        raise EaglenestError(
+            f"t2d covers {t2d.shape[0]} target ids but {draft_config_path} says "
+            f"the target vocabulary has {dcfg['target_vocab_size']}",
+            t2d_npy,
+        )
     if not int(t2d.sum()) == len(d2t) == dcfg["draft_vocab_size"]:
-        raise EaglenestError(f"t2d selects {int(t2d.sum())} ids, {d2t_npy} has {len(d2t)}, "
-                             f"{draft_config_path} expects {dcfg['draft_vocab_size']}", t2d_npy)
+        raise EaglenestError(
+            f"t2d selects {int(t2d.sum())} ids, {d2t_npy} has {len(d2t)}, "
+            f"{draft_config_path} expects {dcfg['draft_vocab_size']}",
+            t2d_npy,
+        )
     selected = np.flatnonzero(t2d)
     if not np.array_equal(np.arange(len(d2t)) + d2t, selected):
-        raise EaglenestError(f"d2t offsets do not point at the ids t2d selects ({t2d_npy})",
-                             d2t_npy)
+        raise EaglenestError(f"d2t offsets do not point at the ids t2d selects ({t2d_npy})", d2t_npy)

@@ -38,12 +38,10 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
-            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC,
-                              0o644)
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            save_file({"hidden_states": hidden, "token_ids": pending.token_ids.clone()},
-                      pending.filename)
+            save_file({"hidden_states": hidden, "token_ids": pending.token_ids.clone()}, pending.filename)
         finally:
             if lock_fd is not None:
                 os.close(lock_fd)

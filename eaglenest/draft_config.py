@@ -13,8 +13,15 @@ from eaglenest.io import write_json
 from eaglenest.target import read_config, read_shape, text_config
 
 
-def build_draft_config(target_dir, out_path, *, aux_layer_ids: list[int], draft_vocab_size: int,
-                       draft_layers: int = 1, max_position_embeddings: int | None = None) -> dict:
+def build_draft_config(
+    target_dir,
+    out_path,
+    *,
+    aux_layer_ids: list[int],
+    draft_vocab_size: int,
+    draft_layers: int = 1,
+    max_position_embeddings: int | None = None,
+) -> dict:
     from eaglenest.hidden_states import resolve_aux_layer_ids
 
     shape = read_shape(target_dir)
@@ -23,8 +30,10 @@ def build_draft_config(target_dir, out_path, *, aux_layer_ids: list[int], draft_
     n, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     aux = resolve_aux_layer_ids(aux_layer_ids, n, config_path)
     if not 1 <= draft_vocab_size <= vocab:
-        raise EaglenestError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the "
-                             "target's vocabulary)", config_path)
+        raise EaglenestError(
+            f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the target's vocabulary)",
+            config_path,
+        )
     heads = tcfg.get("num_attention_heads", max(1, hidden // 128))
     cfg = {
         "model_type": "llama",
@@ -40,10 +49,10 @@ def build_draft_config(target_dir, out_path, *, aux_layer_ids: list[int], draft_
         "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
         "vocab_size": vocab,
         # The draft must cover the target's serving context.
-        "max_position_embeddings": max(max_position_embeddings or 0,
-                                       tcfg.get("max_position_embeddings", 2048)),
-        "rope_theta": tcfg.get("rope_theta", (tcfg.get("rope_parameters") or {}).get(
-            "rope_theta", 10000.0)),
+        "max_position_embeddings": max(
+            max_position_embeddings or 0, tcfg.get("max_position_embeddings", 2048)
+        ),
+        "rope_theta": tcfg.get("rope_theta", (tcfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         "tie_word_embeddings": False,
         "eaglenest": {
             "aux_layer_ids": aux,

@@ -24,22 +24,40 @@ from eaglenest.server import SERVED_NAME, Server, ServerSpec
 log = logging.getLogger(__name__)
 
 METHODS = ("no_spec", "ngram", "untrained_draft", "draft")
-_METRIC = re.compile(r'^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)$')
+_METRIC = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
-def method_spec(method: str, target: str, base_args: tuple, env: tuple, *, k: int,
-                draft_dir=None, ngram: dict | None = None) -> ServerSpec:
+def method_spec(
+    method: str,
+    target: str,
+    base_args: tuple,
+    env: tuple,
+    *,
+    k: int,
+    draft_dir=None,
+    ngram: dict | None = None,
+) -> ServerSpec:
     args = list(base_args)
     if method == "ngram":
         ngram = ngram or {}
-        args += ["--speculative-config", json.dumps({
-            "method": "ngram", "num_speculative_tokens": k,
-            "prompt_lookup_min": ngram.get("prompt_lookup_min", 2),
-            "prompt_lookup_max": ngram.get("prompt_lookup_max", 4)})]
+        args += [
+            "--speculative-config",
+            json.dumps(
+                {
+                    "method": "ngram",
+                    "num_speculative_tokens": k,
+                    "prompt_lookup_min": ngram.get("prompt_lookup_min", 2),
+                    "prompt_lookup_max": ngram.get("prompt_lookup_max", 4),
+                }
+            ),
+        ]
     elif method in ("draft", "untrained_draft"):
-        args += ["--speculative-config", json.dumps({
-            "method": "eagle3", "model": str(Path(draft_dir).resolve()),
-            "num_speculative_tokens": k})]
+        args += [
+            "--speculative-config",
+            json.dumps(
+                {"method": "eagle3", "model": str(Path(draft_dir).resolve()), "num_speculative_tokens": k}
+            ),
+        ]
     elif method != "no_spec":
         raise ValueError(f"unknown method {method}")
     return ServerSpec(model=target, args=tuple(args), env=env)
@@ -60,8 +78,9 @@ def read_spec_metrics(server: Server) -> dict:
         if name == "vllm:spec_decode_num_accepted_tokens_per_pos" and pos:
             out["per_pos"][int(pos.group(1))] = out["per_pos"].get(int(pos.group(1)), 0) + value
         else:
-            out[name.removeprefix("vllm:spec_decode_")] = out.get(
-                name.removeprefix("vllm:spec_decode_"), 0) + value
+            out[name.removeprefix("vllm:spec_decode_")] = (
+                out.get(name.removeprefix("vllm:spec_decode_"), 0) + value
+            )
     return out
 
 
@@ -71,8 +90,12 @@ def acceptance_from_counters(before: dict, after: dict, k: int) -> dict:
     accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
     per_pos = [after["per_pos"].get(i, 0) - before["per_pos"].get(i, 0) for i in range(k)]
     if drafts <= 0:
-        return {"num_drafts": 0, "mean_acceptance_length": 1.0, "acceptance_rate": 0.0,
-                "per_position_acceptance": [0.0] * k}
+        return {
+            "num_drafts": 0,
+            "mean_acceptance_length": 1.0,
+            "acceptance_rate": 0.0,
+            "per_position_acceptance": [0.0] * k,
+        }
     return {
         "num_drafts": int(drafts),
         "num_draft_tokens": int(draft_tokens),
@@ -94,12 +117,20 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
 
     def one(p):
         r = client.chat.completions.create(
-            model=SERVED_NAME, messages=p["messages"], max_tokens=max_tokens, temperature=0.0,
-            extra_body={"return_token_ids": True, "ignore_eos": False})
+            model=SERVED_NAME,
+            messages=p["messages"],
+            max_tokens=max_tokens,
+            temperature=0.0,
+            extra_body={"return_token_ids": True, "ignore_eos": False},
+        )
         c = r.choices[0]
         ids = (c.model_extra or {}).get("token_ids")
-        return {"id": p["id"], "text": c.message.content or "", "token_ids": ids,
-                "completion_tokens": r.usage.completion_tokens}
+        return {
+            "id": p["id"],
+            "text": c.message.content or "",
+            "token_ids": ids,
+            "completion_tokens": r.usage.completion_tokens,
+        }
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -107,18 +138,28 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
     return outs, time.monotonic() - t0
 
 
-def evaluate_method(server: Server, prompts: list[dict], *, k: int, max_tokens: int,
-                    concurrency: int, spec_decoding: bool) -> tuple[dict, list[dict]]:
+def evaluate_method(
+    server: Server, prompts: list[dict], *, k: int, max_tokens: int, concurrency: int, spec_decoding: bool
+) -> tuple[dict, list[dict]]:
     before = read_spec_metrics(server) if spec_decoding else None
     outs, seconds = generate(server, prompts, max_tokens, concurrency)
     tokens = sum(o["completion_tokens"] for o in outs)
     if spec_decoding:
         result = acceptance_from_counters(before, read_spec_metrics(server), k)
     else:
-        result = {"num_drafts": 0, "mean_acceptance_length": 1.0, "acceptance_rate": None,
-                  "per_position_acceptance": None}
-    result.update({"output_tokens": tokens, "seconds": round(seconds, 3),
-                   "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None})
+        result = {
+            "num_drafts": 0,
+            "mean_acceptance_length": 1.0,
+            "acceptance_rate": None,
+            "per_position_acceptance": None,
+        }
+    result.update(
+        {
+            "output_tokens": tokens,
+            "seconds": round(seconds, 3),
+            "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+        }
+    )
     # vLLM's figure averages over the steps that drafted; n-gram drafts only where it finds a
     # match. Tokens per target step over ALL steps is what a user gets, so that is the headline
     # `mean_acceptance_length`; vLLM's own figure stays as `..._per_draft`. Every target step
@@ -131,8 +172,11 @@ def evaluate_method(server: Server, prompts: list[dict], *, k: int, max_tokens: 
 
 def lossless(reference: list[dict], outs: list[dict]) -> tuple[bool, list[str]]:
     """Greedy speculation must reproduce the outputs without it, token for token."""
-    differ = [o["id"] for r, o in zip(reference, outs, strict=True)
-              if (r["token_ids"], r["text"]) != (o["token_ids"], o["text"])]
+    differ = [
+        o["id"]
+        for r, o in zip(reference, outs, strict=True)
+        if (r["token_ids"], r["text"]) != (o["token_ids"], o["text"])
+    ]
     return not differ, differ
 
 
@@ -141,14 +185,17 @@ def lossless_meaning(base_args) -> str:
     expected on one device; across tensor-parallel ranks vLLM's reductions and batching are
     not bit-reproducible, so there a fraction below 1 can come from the engine itself."""
     args = list(base_args)
-    tp = int(args[args.index("--tensor-parallel-size") + 1]) if (
-        "--tensor-parallel-size" in args[:-1]) else 1
+    tp = int(args[args.index("--tensor-parallel-size") + 1]) if ("--tensor-parallel-size" in args[:-1]) else 1
     if tp == 1:
-        return ("greedy outputs of each method compared token for token with no speculation; "
-                "on one device any difference is a speculation bug")
-    return (f"greedy outputs compared token for token with no speculation at tensor parallel "
-            f"{tp}: vLLM is not bit-reproducible across ranks and batch shapes, so a few "
-            "differing prompts can come from the engine; a speculation bug shows as many")
+        return (
+            "greedy outputs of each method compared token for token with no speculation; "
+            "on one device any difference is a speculation bug"
+        )
+    return (
+        f"greedy outputs compared token for token with no speculation at tensor parallel "
+        f"{tp}: vLLM is not bit-reproducible across ranks and batch shapes, so a few "
+        "differing prompts can come from the engine; a speculation bug shows as many"
+    )
 
 
 def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
@@ -196,8 +243,7 @@ def plot_per_position(results: dict, out_png) -> None:
     for j, m in enumerate(methods):
         acc = results[m]["per_position_acceptance"]
         ax.bar([i + j * width for i in range(len(acc))], acc, width, label=m)
-    ax.set(xlabel="speculative position", ylabel="acceptance", ylim=(0, 1),
-           title="Per-position acceptance")
+    ax.set(xlabel="speculative position", ylabel="acceptance", ylim=(0, 1), title="Per-position acceptance")
     ax.legend()
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
@@ -210,16 +256,34 @@ def write_table(results: dict, out_csv) -> None:
 
     from eaglenest.io import atomic_path
 
-    cols = ["mean_acceptance_length", "acceptance_rate", "output_tokens_per_s", "lossless",
-            "identical_fraction"]
+    cols = [
+        "mean_acceptance_length",
+        "acceptance_rate",
+        "output_tokens_per_s",
+        "lossless",
+        "identical_fraction",
+    ]
     df = pd.DataFrame([{"method": m, **{c: r.get(c) for c in cols}} for m, r in results.items()])
     with atomic_path(out_csv) as tmp:
         df.to_csv(tmp, index=False)
 
 
-def evaluate_stage(*, run_dir, target, draft_dir, prompts_path, metadata_path,
-                   server_cfg: dict, k: int, max_tokens: int, concurrency: int, ngram: dict,
-                   out_json, out_csv, out_png) -> dict:
+def evaluate_stage(
+    *,
+    run_dir,
+    target,
+    draft_dir,
+    prompts_path,
+    metadata_path,
+    server_cfg: dict,
+    k: int,
+    max_tokens: int,
+    concurrency: int,
+    ngram: dict,
+    out_json,
+    out_csv,
+    out_png,
+) -> dict:
     """The `evaluate_acceptance` rule: the four methods, one server each, same prompts.
     `target` is the resolved target (eaglenest.target.Target)."""
     from eaglenest.errors import EaglenestError
@@ -232,31 +296,50 @@ def evaluate_stage(*, run_dir, target, draft_dir, prompts_path, metadata_path,
     prompts = load_eval_prompts(prompts_path)
     if not prompts:
         raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
-    untrained = make_untrained_draft(
-        draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft")
+    untrained = make_untrained_draft(draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft")
     drafts = {"draft": draft_dir, "untrained_draft": untrained}
     base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
     results: dict = {}
     reference: list[dict] = []
     for method in METHODS:
-        spec = method_spec(method, model, base, env, k=k, draft_dir=drafts.get(method),
-                           ngram=ngram)
-        with serving(spec, run_dir, reuse=server_cfg["reuse"],
-                     timeout_s=server_cfg["startup_timeout_s"]) as server:
-            result, outs = evaluate_method(server, prompts, k=k, max_tokens=max_tokens,
-                                           concurrency=concurrency,
-                                           spec_decoding=method != "no_spec")
+        spec = method_spec(method, model, base, env, k=k, draft_dir=drafts.get(method), ngram=ngram)
+        with serving(
+            spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
+        ) as server:
+            result, outs = evaluate_method(
+                server,
+                prompts,
+                k=k,
+                max_tokens=max_tokens,
+                concurrency=concurrency,
+                spec_decoding=method != "no_spec",
+            )
         if method == "no_spec":
             reference = outs
         same, differ = lossless(reference, outs)
-        result.update({"lossless": same, "identical_fraction": 1 - len(differ) / len(prompts),
-                       "prompts_differing": differ})
-        log.info("%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s", method,
-                 result["mean_acceptance_length"], result["acceptance_rate"],
-                 result["output_tokens_per_s"] or 0, same)
+        result.update(
+            {
+                "lossless": same,
+                "identical_fraction": 1 - len(differ) / len(prompts),
+                "prompts_differing": differ,
+            }
+        )
+        log.info(
+            "%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s",
+            method,
+            result["mean_acceptance_length"],
+            result["acceptance_rate"],
+            result["output_tokens_per_s"] or 0,
+            same,
+        )
         results[method] = result
-    summary = {"num_speculative_tokens": k, "prompts": len(prompts), "max_tokens": max_tokens,
-               "lossless_means": lossless_meaning(base), **results}
+    summary = {
+        "num_speculative_tokens": k,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "lossless_means": lossless_meaning(base),
+        **results,
+    }
     write_table(results, out_csv)
     plot_per_position(results, out_png)
     write_json(out_json, summary)
@@ -273,6 +356,8 @@ def check_template(target, expected_hash: str | None, metadata_path) -> None:
         return
     actual = chat_template_hash(load_tokenizer(target.path, target.trust_remote_code))
     if actual != expected_hash:
-        raise EaglenestError(f"the target's chat template (hash {actual}) differs from the one "
-                             f"the training data was tokenized with ({expected_hash})",
-                             metadata_path)
+        raise EaglenestError(
+            f"the target's chat template (hash {actual}) differs from the one "
+            f"the training data was tokenized with ({expected_hash})",
+            metadata_path,
+        )

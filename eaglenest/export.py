@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
-def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target,
-                 max_model_len: int) -> dict:
+def export_draft(
+    checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target, max_model_len: int
+) -> dict:
     """`target`: the resolved target (eaglenest.target.Target)."""
     from safetensors.torch import load_file
 
@@ -35,16 +36,19 @@ def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, 
     d2t = torch.load(d2t_pt, weights_only=True)
 
     def mismatch(what, ours, theirs, other):
-        raise EaglenestError(f"{what} {theirs} in the checkpoint differs from {ours} in {other}",
-                             ckpt / "config.json")
+        raise EaglenestError(
+            f"{what} {theirs} in the checkpoint differs from {ours} in {other}", ckpt / "config.json"
+        )
 
     if cfg.get("eagle_aux_hidden_state_layer_ids") != dcfg["aux_layer_ids"]:
-        mismatch("aux layer ids", dcfg["aux_layer_ids"], cfg.get("eagle_aux_hidden_state_layer_ids"),
-                 draft_config_path)
-    if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg[
-            "draft_vocab_size"]:
-        mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"),
-                 draft_config_path)
+        mismatch(
+            "aux layer ids",
+            dcfg["aux_layer_ids"],
+            cfg.get("eagle_aux_hidden_state_layer_ids"),
+            draft_config_path,
+        )
+    if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg["draft_vocab_size"]:
+        mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"), draft_config_path)
     if not torch.equal(weights["t2d"].bool(), t2d.bool()):
         raise EaglenestError(f"t2d in the checkpoint differs from {t2d_pt}", ckpt)
     if not torch.equal(weights["d2t"].long(), d2t.long()):
@@ -53,8 +57,7 @@ def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, 
         raise EaglenestError(f"t2d selects {int(t2d.sum())} ids but d2t has {len(d2t)}", t2d_pt)
 
     layer_cfg = cfg["transformer_layer_config"]
-    layer_cfg["max_position_embeddings"] = max(layer_cfg.get("max_position_embeddings", 0),
-                                               max_model_len)
+    layer_cfg["max_position_embeddings"] = max(layer_cfg.get("max_position_embeddings", 0), max_model_len)
     for flag in NORM_FLAGS:
         # Write every flag out: an absent one would fall back to an engine default.
         cfg[flag] = bool(cfg.get(flag))
@@ -65,7 +68,11 @@ def export_draft(checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, 
         tmp.chmod(0o755)
         shutil.copy(ckpt / "model.safetensors", tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    log.info("exported draft to %s (aux %s, draft vocab %d, context %d)", out_dir,
-             cfg["eagle_aux_hidden_state_layer_ids"], cfg["draft_vocab_size"],
-             layer_cfg["max_position_embeddings"])
+    log.info(
+        "exported draft to %s (aux %s, draft vocab %d, context %d)",
+        out_dir,
+        cfg["eagle_aux_hidden_state_layer_ids"],
+        cfg["draft_vocab_size"],
+        layer_cfg["max_position_embeddings"],
+    )
     return cfg

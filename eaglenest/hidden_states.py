@@ -42,12 +42,10 @@ def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[
     if len(ids) != 3:
         raise EaglenestError(f"aux_layer_ids must name 3 layers, got {ids}", source)
     if len(set(ids)) != len(ids):
-        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} "
-                             f"layers)", source)
+        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} layers)", source)
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
-        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}",
-                             source)
+        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}", source)
     return ids
 
 
@@ -56,14 +54,22 @@ def shard_bounds(num_rows: int, num_shards: int, k: int) -> tuple[int, int]:
     return k * num_rows // num_shards, (k + 1) * num_rows // num_shards
 
 
-def vllm_extraction_spec(target: str, aux_layer_ids: list[int], num_layers: int, spool_dir,
-                         base_args: tuple[str, ...], env: tuple, cpu: bool) -> ServerSpec:
+def vllm_extraction_spec(
+    target: str,
+    aux_layer_ids: list[int],
+    num_layers: int,
+    spool_dir,
+    base_args: tuple[str, ...],
+    env: tuple,
+    cpu: bool,
+) -> ServerSpec:
     """The vLLM server that writes hidden states of the aux layers plus the last one."""
     spec_cfg = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {
-            "eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}},
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": [*aux_layer_ids, num_layers]}
+        },
     }
     kv_cfg = {
         "kv_connector": "ExampleHiddenStatesConnector",
@@ -73,8 +79,13 @@ def vllm_extraction_spec(target: str, aux_layer_ids: list[int], num_layers: int,
     if cpu:
         kv_cfg["kv_connector"] = "CpuHiddenStatesConnector"
         kv_cfg["kv_connector_module_path"] = "eaglenest.cpu_connector"
-    args = (*base_args, "--speculative-config", json.dumps(spec_cfg),
-            "--kv-transfer-config", json.dumps(kv_cfg))
+    args = (
+        *base_args,
+        "--speculative-config",
+        json.dumps(spec_cfg),
+        "--kv-transfer-config",
+        json.dumps(kv_cfg),
+    )
     return ServerSpec(model=target, args=args, env=env)
 
 
@@ -85,8 +96,9 @@ def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: s
     if tok.tolist() != input_ids:
         raise EaglenestError("token_ids differ from the tokenized row", where)
     if tuple(hs.shape) != (len(input_ids), 4, hidden_size):
-        raise EaglenestError(f"hidden_states shape {tuple(hs.shape)}, expected "
-                             f"({len(input_ids)}, 4, {hidden_size})", where)
+        raise EaglenestError(
+            f"hidden_states shape {tuple(hs.shape)}, expected ({len(input_ids)}, 4, {hidden_size})", where
+        )
     if not torch.isfinite(hs).all():  # in the stored dtype: no float32 copy of the sample
         raise EaglenestError("hidden_states contain NaN or Inf", where)
 
@@ -94,8 +106,13 @@ def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: s
 def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> None:
     from safetensors.torch import save_file
 
-    save_file({"hidden_states": hidden.to(DTYPES[dtype]).contiguous(),
-               "token_ids": token_ids.to(torch.int64).contiguous()}, str(path))
+    save_file(
+        {
+            "hidden_states": hidden.to(DTYPES[dtype]).contiguous(),
+            "token_ids": token_ids.to(torch.int64).contiguous(),
+        },
+        str(path),
+    )
 
 
 def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
@@ -107,17 +124,29 @@ def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
             try:
                 rows.append((i, json.loads(line)))
             except json.JSONDecodeError as e:
-                raise EaglenestError(f"line {i + 1}: malformed JSON ({e.msg})",
-                                     tokenized_path) from None
+                raise EaglenestError(f"line {i + 1}: malformed JSON ({e.msg})", tokenized_path) from None
     if len(rows) != stop - start:
-        raise EaglenestError(f"has {start + len(rows)} rows, the plan expects at least {stop}: "
-                             "rerun plan_hidden_states", tokenized_path)
+        raise EaglenestError(
+            f"has {start + len(rows)} rows, the plan expects at least {stop}: rerun plan_hidden_states",
+            tokenized_path,
+        )
     return rows
 
 
-def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, num_rows: int, shard: int,
-                       num_shards: int, hidden_size: int, dtype: str, meta: dict,
-                       concurrency: int = 4, request_timeout_s: float = 600.0) -> dict:
+def extract_shard_vllm(
+    server: Server,
+    tokenized_path,
+    out_dir,
+    *,
+    num_rows: int,
+    shard: int,
+    num_shards: int,
+    hidden_size: int,
+    dtype: str,
+    meta: dict,
+    concurrency: int = 4,
+    request_timeout_s: float = 600.0,
+) -> dict:
     """Write shard `shard` of `num_shards` (of `num_rows` rows) through a running extraction
     server. The engine's file already has the trainer's format: where it is in the stored
     dtype it is moved into the shard (a rename), else converted once."""
@@ -130,21 +159,20 @@ def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, num_rows: int
 
     start, stop = shard_bounds(num_rows, num_shards, shard)
     rows = read_rows(tokenized_path, start, stop)
-    client = openai.OpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=2,
-                           timeout=request_timeout_s)
+    client = openai.OpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=2, timeout=request_timeout_s)
     t0 = time.monotonic()
 
     def one(item, tmp: Path):
         i, row = item
         ids = row["input_ids"]
-        _handle, params = generate_hidden_states(client, SERVED_NAME, {"input_ids": ids},
-                                                 timeout=request_timeout_s)
+        _handle, params = generate_hidden_states(
+            client, SERVED_NAME, {"input_ids": ids}, timeout=request_timeout_s
+        )
         path = params["hidden_states_path"]
         data = load_hidden_states(path)  # waits until the engine has written it
         validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
         out = tmp / f"hs_{i}.safetensors"
-        if (data["hidden_states"].dtype == DTYPES[dtype]
-                and data["token_ids"].dtype == torch.int64):
+        if data["hidden_states"].dtype == DTYPES[dtype] and data["token_ids"].dtype == torch.int64:
             cleanup_hidden_states(path, keep_hidden_states=True)  # the lock file only
             shutil.move(path, out)
         else:
@@ -159,24 +187,40 @@ def extract_shard_vllm(server: Server, tokenized_path, out_dir, *, num_rows: int
         except openai.APIError:
             check_alive(server)
             raise
-        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta,
-                                time.monotonic() - t0)
+        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta, time.monotonic() - t0)
     return stats
 
 
 def _write_manifest(tmp: Path, start, stop, tokens, hidden_size, dtype, meta, seconds) -> dict:
-    stats = {"rows": [start, stop], "samples": stop - start, "tokens": tokens,
-             "hidden_size": hidden_size, "dtype": dtype,
-             "bytes": tokens * 4 * hidden_size * DTYPE_BYTES[dtype], "seconds": round(seconds, 3),
-             "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None, **meta}
+    stats = {
+        "rows": [start, stop],
+        "samples": stop - start,
+        "tokens": tokens,
+        "hidden_size": hidden_size,
+        "dtype": dtype,
+        "bytes": tokens * 4 * hidden_size * DTYPE_BYTES[dtype],
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+        **meta,
+    }
     (tmp / "manifest.json").write_text(json.dumps(stats, indent=2) + "\n")
     log.info("shard rows %d..%d: %d tokens in %.1f s", start, stop, tokens, seconds)
     return stats
 
 
-def extract_shard_transformers(target: str, tokenized_path, out_dir, *, num_rows: int,
-                               shard: int, num_shards: int, aux_layer_ids: list[int],
-                               dtype: str, meta: dict, trust_remote_code: bool = False) -> dict:
+def extract_shard_transformers(
+    target: str,
+    tokenized_path,
+    out_dir,
+    *,
+    num_rows: int,
+    shard: int,
+    num_shards: int,
+    aux_layer_ids: list[int],
+    dtype: str,
+    meta: dict,
+    trust_remote_code: bool = False,
+) -> dict:
     """The fallback backend: same files, computed with transformers on the local device.
 
     Slot 3 is the input of the final norm (the last decoder layer's output), as vLLM writes it,
@@ -190,15 +234,20 @@ def extract_shard_transformers(target: str, tokenized_path, out_dir, *, num_rows
     if shape.multimodal:
         # AutoModelForCausalLM rejects multimodal wrappers (Kimi-K2.5), and their final norm
         # sits elsewhere: the engine's own extraction handles them.
-        raise EaglenestError(f"the transformers backend loads plain causal LMs; this target is "
-                             f"multimodal ({', '.join(shape.architectures) or shape.model_type}): "
-                             "set hidden_states.backend: vllm", Path(target) / "config.json")
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code).eval()
+        raise EaglenestError(
+            f"the transformers backend loads plain causal LMs; this target is "
+            f"multimodal ({', '.join(shape.architectures) or shape.model_type}): "
+            "set hidden_states.backend: vllm",
+            Path(target) / "config.json",
+        )
+    model = AutoModelForCausalLM.from_pretrained(
+        target, dtype=torch.float32, trust_remote_code=trust_remote_code
+    ).eval()
     hidden_size = model.config.hidden_size
     captured = {}
     model.model.norm.register_forward_hook(
-        lambda _m, inputs, _out: captured.__setitem__("pre_norm", inputs[0]))
+        lambda _m, inputs, _out: captured.__setitem__("pre_norm", inputs[0])
+    )
     start, stop = shard_bounds(num_rows, num_shards, shard)
     t0 = time.monotonic()
     tokens = 0
@@ -208,12 +257,15 @@ def extract_shard_transformers(target: str, tokenized_path, out_dir, *, num_rows
             out = model(ids, output_hidden_states=True)
             layers = [out.hidden_states[j][0] for j in aux_layer_ids] + [captured["pre_norm"][0]]
             hidden = torch.stack(layers, dim=1)
-            validate_sample({"hidden_states": hidden, "token_ids": ids[0]}, row["input_ids"],
-                            hidden_size, f"{tokenized_path} row {i}")
+            validate_sample(
+                {"hidden_states": hidden, "token_ids": ids[0]},
+                row["input_ids"],
+                hidden_size,
+                f"{tokenized_path} row {i}",
+            )
             _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype)
             tokens += ids.shape[1]
-        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta,
-                                time.monotonic() - t0)
+        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta, time.monotonic() - t0)
     return stats
 
 
@@ -234,13 +286,17 @@ def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
             (hs_dir / f.name).symlink_to(f.resolve())
             linked += 1
     if linked != len(rows):
-        raise EaglenestError(f"shards hold {linked} samples but {tokenized_path} has {len(rows)} "
-                             f"rows", shard_dirs[0] if shard_dirs else None)
-    Dataset.from_dict({
-        "input_ids": [r["input_ids"] for r in rows],
-        "loss_mask": [r["loss_mask"] for r in rows],
-        "seq_len": [len(r["input_ids"]) for r in rows],
-    }).with_format("torch").save_to_disk(str(data_dir))
+        raise EaglenestError(
+            f"shards hold {linked} samples but {tokenized_path} has {len(rows)} rows",
+            shard_dirs[0] if shard_dirs else None,
+        )
+    Dataset.from_dict(
+        {
+            "input_ids": [r["input_ids"] for r in rows],
+            "loss_mask": [r["loss_mask"] for r in rows],
+            "seq_len": [len(r["input_ids"]) for r in rows],
+        }
+    ).with_format("torch").save_to_disk(str(data_dir))
     return data_dir
 
 
@@ -258,11 +314,22 @@ def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
     if free < needed + margin_bytes:
         raise EaglenestError(
             f"not enough disk for hidden states: need {needed / 1e9:.2f} GB + "
-            f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free", out_dir)
+            f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free",
+            out_dir,
+        )
 
 
-def plan_stage(*, metadata_path, target: str, aux_layer_ids, out_dir, num_shards: int,
-               dtype: str, disk_margin_gb: float, plan_path) -> dict:
+def plan_stage(
+    *,
+    metadata_path,
+    target: str,
+    aux_layer_ids,
+    out_dir,
+    num_shards: int,
+    dtype: str,
+    disk_margin_gb: float,
+    plan_path,
+) -> dict:
     """The `plan_hidden_states` rule: fix the layers to extract, state the bytes extraction
     will write, and refuse if the disk cannot hold them plus the margin."""
     from eaglenest.io import read_json, write_json
@@ -274,19 +341,45 @@ def plan_stage(*, metadata_path, target: str, aux_layer_ids, out_dir, num_shards
     aux = resolve_aux_layer_ids(aux_layer_ids, n, Path(target) / "config.json")
     tokens = int(meta["tokens_total"])
     needed = estimate_bytes(tokens, hidden, dtype)
-    plan = {"samples": meta["samples_out"], "tokens": tokens, "hidden_size": hidden,
-            "target_num_layers": n, "aux_layer_ids": aux, "dtype": dtype,
-            "num_shards": num_shards, "bytes": needed, "disk_margin_gb": disk_margin_gb}
-    log.info("hidden states will take %.3f GB (%d tokens x 4 x %d x %s) in %d shards",
-             needed / 1e9, tokens, hidden, dtype, num_shards)
+    plan = {
+        "samples": meta["samples_out"],
+        "tokens": tokens,
+        "hidden_size": hidden,
+        "target_num_layers": n,
+        "aux_layer_ids": aux,
+        "dtype": dtype,
+        "num_shards": num_shards,
+        "bytes": needed,
+        "disk_margin_gb": disk_margin_gb,
+    }
+    log.info(
+        "hidden states will take %.3f GB (%d tokens x 4 x %d x %s) in %d shards",
+        needed / 1e9,
+        tokens,
+        hidden,
+        dtype,
+        num_shards,
+    )
     check_free_space(out_dir, needed, int(disk_margin_gb * 1e9))
     write_json(plan_path, plan)
     return plan
 
 
-def extract_stage(*, run_dir, target: str, tokenized_path, plan_path, out_dir,
-                  shard: int, num_shards: int, dtype: str, backend: str, concurrency: int,
-                  server_cfg: dict, trust_remote_code: bool = False) -> dict:
+def extract_stage(
+    *,
+    run_dir,
+    target: str,
+    tokenized_path,
+    plan_path,
+    out_dir,
+    shard: int,
+    num_shards: int,
+    dtype: str,
+    backend: str,
+    concurrency: int,
+    server_cfg: dict,
+    trust_remote_code: bool = False,
+) -> dict:
     """The `extract_hidden_states` rule for one shard."""
     from eaglenest.io import read_json
     from eaglenest.server import serving
@@ -296,17 +389,40 @@ def extract_stage(*, run_dir, target: str, tokenized_path, plan_path, out_dir,
     aux, n, hidden = plan["aux_layer_ids"], plan["target_num_layers"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
     if backend == "transformers":
-        return extract_shard_transformers(target, tokenized_path, out_dir,
-                                          num_rows=plan["samples"], shard=shard,
-                                          num_shards=num_shards, aux_layer_ids=aux, dtype=dtype,
-                                          meta=meta, trust_remote_code=trust_remote_code)
+        return extract_shard_transformers(
+            target,
+            tokenized_path,
+            out_dir,
+            num_rows=plan["samples"],
+            shard=shard,
+            num_shards=num_shards,
+            aux_layer_ids=aux,
+            dtype=dtype,
+            meta=meta,
+            trust_remote_code=trust_remote_code,
+        )
     spool = Path(run_dir) / ".eaglenest" / "hidden_states_spool"
-    spec = vllm_extraction_spec(target, aux, n, spool, tuple(server_cfg["base_args"]),
-                                tuple(sorted(server_cfg["env"].items())),
-                                cpu=resolve_device(server_cfg["device"]) == "cpu")
-    with serving(spec, run_dir, reuse=server_cfg["reuse"],
-                 timeout_s=server_cfg["startup_timeout_s"]) as server:
-        return extract_shard_vllm(server, tokenized_path, out_dir, num_rows=plan["samples"],
-                                  shard=shard,
-                                  num_shards=num_shards, hidden_size=hidden, dtype=dtype,
-                                  meta=meta, concurrency=concurrency)
+    spec = vllm_extraction_spec(
+        target,
+        aux,
+        n,
+        spool,
+        tuple(server_cfg["base_args"]),
+        tuple(sorted(server_cfg["env"].items())),
+        cpu=resolve_device(server_cfg["device"]) == "cpu",
+    )
+    with serving(
+        spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
+    ) as server:
+        return extract_shard_vllm(
+            server,
+            tokenized_path,
+            out_dir,
+            num_rows=plan["samples"],
+            shard=shard,
+            num_shards=num_shards,
+            hidden_size=hidden,
+            dtype=dtype,
+            meta=meta,
+            concurrency=concurrency,
+        )

@@ -114,8 +114,9 @@ MEDIA_PROC_CFG = {
 @functools.cache
 def tokenizer_module():
     """The shipped remote-code tokenizer module, imported from its file as a model folder's is."""
-    spec = importlib.util.spec_from_file_location(f"eaglenest_{TOKENIZER_MODULE}",
-                                                  ASSETS / f"{TOKENIZER_MODULE}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"eaglenest_{TOKENIZER_MODULE}", ASSETS / f"{TOKENIZER_MODULE}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -129,16 +130,18 @@ def train_bpe(texts: list[str], vocab_size: int, pat_str: str) -> dict[bytes, in
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pat_str), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pat_str), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(texts, trainer=trainer)
     byte_of_char = {c: b for b, c in enumerate(tokenizer_module().byte_alphabet())}
-    ranks = {bytes(byte_of_char[c] for c in token): rank
-             for token, rank in bpe.get_vocab().items()}
+    ranks = {bytes(byte_of_char[c] for c in token): rank for token, rank in bpe.get_vocab().items()}
     check_ranks(ranks, bpe, texts, pat_str)
     return ranks
 
@@ -148,19 +151,19 @@ def check_ranks(ranks: dict[bytes, int], bpe, texts: list[str], pat_str: str) ->
     would not be the one the corpus statistics were learnt with."""
     import tiktoken
 
-    enc = tiktoken.Encoding(name="kimi_mini", pat_str=pat_str, mergeable_ranks=ranks,
-                            special_tokens={})
+    enc = tiktoken.Encoding(name="kimi_mini", pat_str=pat_str, mergeable_ranks=ranks, special_tokens={})
     for text in texts:
         if enc.encode_ordinary(text) != bpe.encode(text).ids:
-            raise EaglenestError(
-                f"tiktoken and the trained BPE tokenize differently: {text[:60]!r}")
+            raise EaglenestError(f"tiktoken and the trained BPE tokenize differently: {text[:60]!r}")
 
 
 def added_tokens(num_ranks: int) -> dict[int, tuple[str, bool]]:
     """Every id after the BPE ranks: id -> (token, special)."""
     named = {num_ranks + off: (tok, special) for off, tok, special in SPECIAL_TOKENS}
-    return {i: named.get(i, (f"<|reserved_token_{i}|>", True))
-            for i in range(num_ranks, num_ranks + NUM_SPECIAL_IDS)}
+    return {
+        i: named.get(i, (f"<|reserved_token_{i}|>", True))
+        for i in range(num_ranks, num_ranks + NUM_SPECIAL_IDS)
+    }
 
 
 def write_tokenizer(folder: Path, ranks: dict[bytes, int]) -> dict[str, int]:
@@ -184,22 +187,29 @@ def write_tokenizer(folder: Path, ranks: dict[bytes, int]) -> dict[str, int]:
         "model_max_length": 4096,
         # Skipped by decode(skip_special_tokens=True), like Kimi's role and media markers.
         "additional_special_tokens": [
-            tok for off, tok, special in SPECIAL_TOKENS
-            if special and tok not in ("[BOS]", "[EOS]", "[UNK]", "[PAD]")],
+            tok
+            for off, tok, special in SPECIAL_TOKENS
+            if special and tok not in ("[BOS]", "[EOS]", "[UNK]", "[PAD]")
+        ],
         "added_tokens_decoder": {
-            str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": special}
-            for i, (tok, special) in added.items()},
+            str(i): {
+                "content": tok,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": special,
+            }
+            for i, (tok, special) in added.items()
+        },
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return {tok: i for i, (tok, _) in added.items() if not tok.startswith("<|reserved_token_")}
 
 
-def model_config(*, num_layers: int, hidden_size: int, vocab_size: int,
-                 ids: dict[str, int]) -> dict:
+def model_config(*, num_layers: int, hidden_size: int, vocab_size: int, ids: dict[str, int]) -> dict:
     """config.json in the hub's layout: the DeepSeek-V3 text model nested under text_config."""
-    token_ids = {"bos_token_id": ids["[BOS]"], "eos_token_id": ids["[EOS]"],
-                 "pad_token_id": ids["[PAD]"]}
+    token_ids = {"bos_token_id": ids["[BOS]"], "eos_token_id": ids["[EOS]"], "pad_token_id": ids["[PAD]"]}
     text = {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "kimi_k2",
@@ -235,9 +245,15 @@ def model_config(*, num_layers: int, hidden_size: int, vocab_size: int,
         "attention_dropout": 0.0,
         "max_position_embeddings": 4096,
         "rope_theta": 50000.0,
-        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
-                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
-                         "mscale_all_dim": 1.0},
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
         "tie_word_embeddings": False,
         "use_cache": True,
         "dtype": "float32",
@@ -274,8 +290,9 @@ def text_model(config: dict, seed: int):
     return DeepseekV3ForCausalLM(kimi.text_config).eval()
 
 
-def training_stream(tokenizer, texts: list[str], *, reasoning_texts: int = 1,
-                    answer_texts: int = 2) -> list[int]:
+def training_stream(
+    tokenizer, texts: list[str], *, reasoning_texts: int = 1, answer_texts: int = 2
+) -> list[int]:
     """The corpus as thinking chat turns, one token stream: the generation prompt for text i,
     then what the served model should write after it: `<think>` the next text `</think>` the
     ones after it, one per line, `<|im_end|>`.
@@ -286,8 +303,9 @@ def training_stream(tokenizer, texts: list[str], *, reasoning_texts: int = 1,
     n = len(texts)
     stream: list[int] = []
     for i in range(n):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": texts[i]}],
-                                               tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": texts[i]}], tokenize=False, add_generation_prompt=True
+        )
         reasoning = " ".join(texts[(i + 1 + j) % n] for j in range(reasoning_texts))
         answer = "\n".join(texts[(i + 1 + reasoning_texts + j) % n] for j in range(answer_texts))
         turn = f"{prompt}<think>{reasoning}</think>{answer}<|im_end|>"
@@ -295,8 +313,17 @@ def training_stream(tokenizer, texts: list[str], *, reasoning_texts: int = 1,
     return stream
 
 
-def pretrain(model, stream: list[int], *, steps: int, seed: int, seq_len: int = 256,
-             batch_size: int = 8, lr: float = 8e-3, warmup: int = 30) -> list[float]:
+def pretrain(
+    model,
+    stream: list[int],
+    *,
+    steps: int,
+    seed: int,
+    seq_len: int = 256,
+    batch_size: int = 8,
+    lr: float = 8e-3,
+    warmup: int = 30,
+) -> list[float]:
     """Causal-LM training on random windows of the stream (AdamW, warmup then linear decay,
     gradients clipped at 1).
 
@@ -308,8 +335,7 @@ def pretrain(model, stream: list[int], *, steps: int, seed: int, seq_len: int = 
     seq_len = min(seq_len, len(data) - 1)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min((i + 1) / warmup, 1 - i / max(steps, 1)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min((i + 1) / warmup, 1 - i / max(steps, 1)))
     losses = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -317,7 +343,7 @@ def pretrain(model, stream: list[int], *, steps: int, seed: int, seq_len: int = 
     try:
         for _ in range(steps):
             starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=gen)
-            batch = torch.stack([data[i:i + seq_len] for i in starts.tolist()])
+            batch = torch.stack([data[i : i + seq_len] for i in starts.tolist()])
             loss = model(input_ids=batch, labels=batch).loss
             opt.zero_grad()
             loss.backward()
@@ -381,7 +407,8 @@ def vision_weights(vision: dict, text_hidden: int, seed: int) -> dict:
     weights["vision_tower.patch_embed.proj.weight"] = normal(h, 3, patch, patch)
     weights["vision_tower.patch_embed.proj.bias"] = torch.zeros(h)
     weights["vision_tower.patch_embed.pos_emb.weight"] = normal(
-        vision["pos_emb_height"], vision["pos_emb_width"], h)
+        vision["pos_emb_height"], vision["pos_emb_width"], h
+    )
     for layer in range(vision["num_hidden_layers"]):
         block = f"vision_tower.encoder.blocks.{layer}"
         norm(f"{block}.norm0", h)
@@ -397,8 +424,16 @@ def vision_weights(vision: dict, text_hidden: int, seed: int) -> dict:
     return weights
 
 
-def build_kimi_mini(out_dir, corpus_files, *, num_layers: int = 8, hidden_size: int = 64,
-                    bpe_vocab_size: int = 1024, pretrain_steps: int = 300, seed: int = 0) -> Path:
+def build_kimi_mini(
+    out_dir,
+    corpus_files,
+    *,
+    num_layers: int = 8,
+    hidden_size: int = 64,
+    bpe_vocab_size: int = 1024,
+    pretrain_steps: int = 300,
+    seed: int = 0,
+) -> Path:
     """Write a servable Kimi-K2.5 miniature into `out_dir`; `pretrain_steps=0` leaves the text
     model untrained (a quick build for tests where weights do not matter)."""
     from safetensors.torch import save_file
@@ -409,8 +444,7 @@ def build_kimi_mini(out_dir, corpus_files, *, num_layers: int = 8, hidden_size: 
     if hidden_size < 8 or hidden_size % 2:
         raise EaglenestError(f"hidden_size must be even and at least 8, got {hidden_size}")
     if bpe_vocab_size <= 256:
-        raise EaglenestError(
-            f"bpe_vocab_size must exceed the 256 byte tokens, got {bpe_vocab_size}")
+        raise EaglenestError(f"bpe_vocab_size must exceed the 256 byte tokens, got {bpe_vocab_size}")
     if pretrain_steps < 0:
         raise EaglenestError(f"pretrain_steps must not be negative, got {pretrain_steps}")
     texts = corpus_from_prompts(list(corpus_files))
@@ -421,29 +455,43 @@ def build_kimi_mini(out_dir, corpus_files, *, num_layers: int = 8, hidden_size: 
         ids = write_tokenizer(tmp, ranks)
         # A tiny corpus can stop the BPE short of bpe_vocab_size: ids follow the ranks it has.
         vocab_size = len(ranks) + NUM_SPECIAL_IDS
-        config = model_config(num_layers=num_layers, hidden_size=hidden_size,
-                              vocab_size=vocab_size, ids=ids)
+        config = model_config(num_layers=num_layers, hidden_size=hidden_size, vocab_size=vocab_size, ids=ids)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "generation_config.json").write_text(
-            json.dumps({"eos_token_id": ids["<|im_end|>"]}, indent=2) + "\n")
+            json.dumps({"eos_token_id": ids["<|im_end|>"]}, indent=2) + "\n"
+        )
         (tmp / "preprocessor_config.json").write_text(
-            json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n")
+            json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n"
+        )
 
         model = text_model(config, seed)
         losses = []
         if pretrain_steps:
             tokenizer = getattr(tokenizer_module(), TOKENIZER_CLASS).from_pretrained(tmp)
-            losses = pretrain(model, training_stream(tokenizer, texts), steps=pretrain_steps,
-                              seed=seed)
-            log.info("kimi mini trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0],
-                     losses[-1])
-        save_file(hub_weights(model, config, seed), str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+            losses = pretrain(model, training_stream(tokenizer, texts), steps=pretrain_steps, seed=seed)
+            log.info("kimi mini trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0], losses[-1])
+        save_file(hub_weights(model, config, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model.safetensors").chmod(0o644)  # safetensors writes it private
-        (tmp / "eaglenest_target.json").write_text(json.dumps({
-            "built_by": "eaglenest.kimi_mini", "seed": seed, "pretrain_steps": pretrain_steps,
-            "loss_first": losses[0] if losses else None,
-            "loss_last": losses[-1] if losses else None}, indent=2) + "\n")
-    log.info("kimi mini: %d layers, hidden %d, vocab %d (%d BPE), built in %.0f s -> %s",
-             num_layers, hidden_size, vocab_size, len(ranks), time.monotonic() - started, out_dir)
+        (tmp / "eaglenest_target.json").write_text(
+            json.dumps(
+                {
+                    "built_by": "eaglenest.kimi_mini",
+                    "seed": seed,
+                    "pretrain_steps": pretrain_steps,
+                    "loss_first": losses[0] if losses else None,
+                    "loss_last": losses[-1] if losses else None,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    log.info(
+        "kimi mini: %d layers, hidden %d, vocab %d (%d BPE), built in %.0f s -> %s",
+        num_layers,
+        hidden_size,
+        vocab_size,
+        len(ranks),
+        time.monotonic() - started,
+        out_dir,
+    )
     return Path(out_dir)

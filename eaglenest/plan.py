@@ -43,8 +43,19 @@ MISSING, INCOMPLETE, STALE, CODE, PARAMS, INPUT_SET, RULE_CODE, SOFTWARE, FORCED
     "changed input set", "changed rule code", "changed software env", "forced",
     "upstream rerun", "other",
 )  # fmt: skip
-REASON_ORDER = (MISSING, INCOMPLETE, STALE, CODE, PARAMS, INPUT_SET, RULE_CODE, SOFTWARE, FORCED,
-                UPSTREAM, OTHER)
+REASON_ORDER = (
+    MISSING,
+    INCOMPLETE,
+    STALE,
+    CODE,
+    PARAMS,
+    INPUT_SET,
+    RULE_CODE,
+    SOFTWARE,
+    FORCED,
+    UPSTREAM,
+    OTHER,
+)
 
 _REASON_PREFIXES = (
     ("Missing output files", MISSING),
@@ -95,8 +106,9 @@ def dry_run(snakemake_args: list[str], cwd=None, env=None) -> str:
     child_env.setdefault("HF_HUB_OFFLINE", "1")
     child_env.setdefault("TRANSFORMERS_OFFLINE", "1")
     cmd = [sys.executable, "-m", "snakemake", "-n", *snakemake_args]
-    proc = subprocess.run(cmd, cwd=cwd, env=child_env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
         raise EaglenestError(f"snakemake -n failed (exit {proc.returncode}):\n{tail}")
@@ -105,10 +117,20 @@ def dry_run(snakemake_args: list[str], cwd=None, env=None) -> str:
 
 def parse_dry_run(text: str) -> list[Job]:
     """The job blocks of a `snakemake -n` output, in printed order (`rule all` left out)."""
-    return [Job(rule=r.rule, jobid=-1 if r.jobid is None else r.jobid, wildcards=r.wildcards,
-                inputs=r.inputs, outputs=r.outputs, resources=r.resources, reason=r.reason,
-                reasons=classify_reason(r.reason))
-            for r in parse_jobs(text) if r.outputs]  # a target rule (`all`) has no outputs
+    return [
+        Job(
+            rule=r.rule,
+            jobid=-1 if r.jobid is None else r.jobid,
+            wildcards=r.wildcards,
+            inputs=r.inputs,
+            outputs=r.outputs,
+            resources=r.resources,
+            reason=r.reason,
+            reasons=classify_reason(r.reason),
+        )
+        for r in parse_jobs(text)
+        if r.outputs
+    ]  # a target rule (`all`) has no outputs
 
 
 def classify_reason(reason: str) -> list[tuple[str, str]]:
@@ -119,7 +141,7 @@ def classify_reason(reason: str) -> list[tuple[str, str]]:
             continue
         for prefix, category in _REASON_PREFIXES:
             if segment.startswith(prefix):
-                detail = segment[len(prefix):].lstrip(" :")
+                detail = segment[len(prefix) :].lstrip(" :")
                 if category == PARAMS:
                     out.extend(_classify_params(detail))
                 else:
@@ -142,8 +164,13 @@ def _classify_params(detail: str) -> list[tuple[str, str]]:
     before, now = m.group(1), m.group(2)
     out = []
     if set(_CODE_HASH.findall(before)) != set(_CODE_HASH.findall(now)):
-        out.append((CODE, "package code hash " + " -> ".join(
-            ",".join(_CODE_HASH.findall(s)) or "-" for s in (before, now))))
+        out.append(
+            (
+                CODE,
+                "package code hash "
+                + " -> ".join(",".join(_CODE_HASH.findall(s)) or "-" for s in (before, now)),
+            )
+        )
 
     def rest(s: str) -> str:
         s = _CODE_HASH.sub("", s).replace("<nothing exclusive>", "")
@@ -169,8 +196,9 @@ def dependencies(jobs: list[Job]) -> dict[int, set[int]]:
     for i, j in enumerate(jobs):
         for f in j.outputs:
             producer[f] = i
-    return {i: {producer[f] for f in j.inputs if f in producer and producer[f] != i}
-            for i, j in enumerate(jobs)}
+    return {
+        i: {producer[f] for f in j.inputs if f in producer and producer[f] != i} for i, j in enumerate(jobs)
+    }
 
 
 def topological_order(jobs: list[Job]) -> list[int]:
@@ -226,14 +254,15 @@ def gpu_stages(jobs: list[Job]) -> list[dict]:
     prev: list[int] = []
     for st in stages:
         needed = set().union(*(anc[i] for i in st["jobs"]))
-        between = [i for i in needed if not jobs[i].gpu
-                   and any(p in anc[i] for p in prev)]
-        st["waits_on_cpu"] = sorted({jobs[i].rule for i in between},
-                                    key=lambda r: min(order.index(i) for i in between
-                                                      if jobs[i].rule == r))
+        between = [i for i in needed if not jobs[i].gpu and any(p in anc[i] for p in prev)]
+        st["waits_on_cpu"] = sorted(
+            {jobs[i].rule for i in between},
+            key=lambda r: min(order.index(i) for i in between if jobs[i].rule == r),
+        )
         prev = st["jobs"]
-    return [{"rule": st["rule"], "jobs": len(st["jobs"]), "waits_on_cpu": st["waits_on_cpu"]}
-            for st in stages]
+    return [
+        {"rule": st["rule"], "jobs": len(st["jobs"]), "waits_on_cpu": st["waits_on_cpu"]} for st in stages
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,8 +291,7 @@ def parse_config_entries(entries: list[str]) -> dict:
             raise EaglenestError(f"--config entries are KEY=VALUE, got {entry!r}")
         value = None
         if val != "":
-            for parse in (int, float, _parse_bool,
-                          lambda s: yaml.load(s, Loader=yaml.BaseLoader), str):
+            for parse in (int, float, _parse_bool, lambda s: yaml.load(s, Loader=yaml.BaseLoader), str):
                 try:
                     value = parse(val)
                     break
@@ -305,8 +333,9 @@ def load_config(workdir, snakefile, configfiles=(), config_entries=(), cwd=".") 
     if default is not None and default.exists():
         update_config(config, yaml.safe_load(default.read_text()) or {})
     elif not configfiles:
-        raise EaglenestError("no config: the Snakefile's configfile is missing and no "
-                             "--configfile was given", default)
+        raise EaglenestError(
+            "no config: the Snakefile's configfile is missing and no --configfile was given", default
+        )
     for cf in configfiles:
         path = Path(cf) if Path(cf).is_absolute() else cwd / cf
         if not path.exists():
@@ -393,9 +422,11 @@ def target_status(cfg: dict, workdir=".") -> dict:
         out.update(source="built by the workflow", cached=None, bytes=None)
     else:
         folder = _local_target_folder(cfg, workdir)
-        out.update(source="local folder", cached=folder is not None,
-                   bytes=sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-                   if folder else None)
+        out.update(
+            source="local folder",
+            cached=folder is not None,
+            bytes=sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder else None,
+        )
     out["gpu_memory"] = gpu_memory_check(cfg, out.get("bytes"))
     return out
 
@@ -422,14 +453,17 @@ def gpu_memory_check(cfg: dict, weight_bytes: int | None) -> dict:
     per_gpu = weight_bytes / tp
     need = per_gpu / util
     have = cfg.get("gpu_memory_gb")
-    return {"tensor_parallel_size": tp, "memory_utilization": util,
-            "weights_per_gpu_bytes": per_gpu, "min_gpu_bytes": need,
-            "gpu_bytes": have * 1e9 if have else None,
-            "fits": None if not have else have * 1e9 >= need}
+    return {
+        "tensor_parallel_size": tp,
+        "memory_utilization": util,
+        "weights_per_gpu_bytes": per_gpu,
+        "min_gpu_bytes": need,
+        "gpu_bytes": have * 1e9 if have else None,
+        "fits": None if not have else have * 1e9 >= need,
+    }
 
 
-def _train_samples(cfg: dict, workdir: Path, basedir: Path,
-                   rebuilding: set[str]) -> tuple[int | None, str]:
+def _train_samples(cfg: dict, workdir: Path, basedir: Path, rebuilding: set[str]) -> tuple[int | None, str]:
     run = workdir / cfg["run_dir"]
     stats = _read_json(run / "prompts" / "prompts_stats.json")
     if stats and "prepare_prompts" not in rebuilding and isinstance(stats.get("train"), int):
@@ -468,26 +502,42 @@ def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) 
     dtype_bytes = DTYPE_BYTES.get(dtype)
     hidden, hidden_from = _hidden_size(cfg, workdir)
     run = workdir / cfg["run_dir"]
-    est = {"dtype": dtype, "dtype_bytes": dtype_bytes, "hidden_size": hidden,
-           "hidden_size_from": hidden_from, "num_shards": hs.get("num_shards"),
-           "samples": None, "tokens_per_sample": None, "tokens": None, "bytes": None}
+    est = {
+        "dtype": dtype,
+        "dtype_bytes": dtype_bytes,
+        "hidden_size": hidden,
+        "hidden_size_from": hidden_from,
+        "num_shards": hs.get("num_shards"),
+        "samples": None,
+        "tokens_per_sample": None,
+        "tokens": None,
+        "bytes": None,
+    }
     meta = _read_json(run / "tokenized" / "metadata.json")
     if meta and "tokenize" not in rebuilding and isinstance(meta.get("tokens_total"), int):
-        est.update(tokens=meta["tokens_total"], samples=meta.get("samples_out"),
-                   basis="measured: tokenized/metadata.json")
+        est.update(
+            tokens=meta["tokens_total"],
+            samples=meta.get("samples_out"),
+            basis="measured: tokenized/metadata.json",
+        )
     else:
         samples, samples_from = _train_samples(cfg, workdir, basedir, rebuilding)
         max_len = cfg.get("tokenize", {}).get("max_seq_len")
         per = hs.get("expected_tokens_per_sample")
         if per:
-            per, per_from = (min(int(per), int(max_len)) if max_len else int(per),
-                             "hidden_states.expected_tokens_per_sample")
+            per, per_from = (
+                min(int(per), int(max_len)) if max_len else int(per),
+                "hidden_states.expected_tokens_per_sample",
+            )
         elif max_len:
             per, per_from = int(max_len), "upper bound: tokenize.max_seq_len"
         else:
             per, per_from = None, "unknown"
-        est.update(samples=samples, tokens_per_sample=per,
-                   basis=f"estimate: samples from {samples_from}; tokens/sample from {per_from}")
+        est.update(
+            samples=samples,
+            tokens_per_sample=per,
+            basis=f"estimate: samples from {samples_from}; tokens/sample from {per_from}",
+        )
         if samples is not None and per is not None:
             est["tokens"] = samples * per
     if est["tokens"] is not None and hidden and dtype_bytes:
@@ -515,8 +565,9 @@ def stage_summary(jobs: list[Job]) -> list[dict]:
     stages: dict[str, dict] = {}
     for i in order:
         j = jobs[i]
-        st = stages.setdefault(j.rule, {"rule": j.rule, "jobs": 0, "gpu": j.gpu, "reasons": {},
-                                        "details": {}, "upstream": set()})
+        st = stages.setdefault(
+            j.rule, {"rule": j.rule, "jobs": 0, "gpu": j.gpu, "reasons": {}, "details": {}, "upstream": set()}
+        )
         st["jobs"] += 1
         for category, detail in j.reasons:
             st["reasons"][category] = st["reasons"].get(category, 0) + 1
@@ -528,15 +579,23 @@ def stage_summary(jobs: list[Job]) -> list[dict]:
     for st in stages.values():
         reasons = dict(sorted(st["reasons"].items(), key=lambda kv: REASON_ORDER.index(kv[0])))
         own = [r for r in reasons if r != UPSTREAM]
-        out.append({"rule": st["rule"], "jobs": st["jobs"], "gpu": st["gpu"],
-                    "why": own[0] if own else (UPSTREAM if reasons else OTHER),
-                    "reasons": reasons, "details": st["details"],
-                    "upstream": sorted(st["upstream"])})
+        out.append(
+            {
+                "rule": st["rule"],
+                "jobs": st["jobs"],
+                "gpu": st["gpu"],
+                "why": own[0] if own else (UPSTREAM if reasons else OTHER),
+                "reasons": reasons,
+                "details": st["details"],
+                "upstream": sorted(st["upstream"]),
+            }
+        )
     return out
 
 
-def make_plan(*, snakefile=None, directory=None, configfiles=(), config_entries=(),
-              extra_args=(), cwd=None) -> dict:
+def make_plan(
+    *, snakefile=None, directory=None, configfiles=(), config_entries=(), extra_args=(), cwd=None
+) -> dict:
     """Dry-run the workflow and build the plan (a JSON-able dict).
 
     The options mean what they mean to snakemake (-s, -d, --configfile, --config) and are
@@ -607,27 +666,34 @@ def format_plan(plan: dict) -> str:
     hs = plan["hidden_states"]
     lines.append("")
     if hs["bytes"] is None:
-        lines.append(f"Hidden states: size unknown ({hs['basis']}; hidden size "
-                     f"{hs['hidden_size_from']})")
+        lines.append(f"Hidden states: size unknown ({hs['basis']}; hidden size {hs['hidden_size_from']})")
     else:
-        parts = (f"{hs['tokens']:,} tokens" if hs.get("tokens_per_sample") is None else
-                 f"{hs['samples']:,} samples x {hs['tokens_per_sample']:,} tokens")
-        lines.append(f"Hidden states: {human_bytes(hs['bytes'])} ({hs['bytes']:,} bytes = {parts} "
-                     f"x {HIDDEN_LAYERS_STORED} x hidden {hs['hidden_size']} x "
-                     f"{hs['dtype_bytes']} B {hs['dtype']}) in {hs['num_shards']} shards")
+        parts = (
+            f"{hs['tokens']:,} tokens"
+            if hs.get("tokens_per_sample") is None
+            else f"{hs['samples']:,} samples x {hs['tokens_per_sample']:,} tokens"
+        )
+        lines.append(
+            f"Hidden states: {human_bytes(hs['bytes'])} ({hs['bytes']:,} bytes = {parts} "
+            f"x {HIDDEN_LAYERS_STORED} x hidden {hs['hidden_size']} x "
+            f"{hs['dtype_bytes']} B {hs['dtype']}) in {hs['num_shards']} shards"
+        )
         lines.append(f"  {hs['basis']}")
         if hs.get("free_bytes") is not None:
             need = hs["bytes"] + hs["disk_margin_bytes"]
             ok = "fits" if hs["free_bytes"] >= need else "DOES NOT FIT"
-            lines.append(f"  free where the run dir lives: {human_bytes(hs['free_bytes'])}; "
-                         f"needed with the margin: {human_bytes(need)} ({ok} here)")
+            lines.append(
+                f"  free where the run dir lives: {human_bytes(hs['free_bytes'])}; "
+                f"needed with the margin: {human_bytes(need)} ({ok} here)"
+            )
     lines.append("")
     if plan["gpu_order"]:
         lines.append("GPU rules in run order:")
         for k, st in enumerate(plan["gpu_order"], 1):
             jobs = f" x{st['jobs']}" if st["jobs"] > 1 else ""
-            wait = (f"   (GPU idle while CPU runs: {', '.join(st['waits_on_cpu'])})"
-                    if st["waits_on_cpu"] else "")
+            wait = (
+                f"   (GPU idle while CPU runs: {', '.join(st['waits_on_cpu'])})" if st["waits_on_cpu"] else ""
+            )
             lines.append(f"  {k}. {st['rule']}{jobs}{wait}")
     else:
         lines.append("GPU rules: none will run.")
@@ -639,16 +705,18 @@ def format_target(t: dict) -> list[str]:
     rev = f" (revision {t['revision']})" if t.get("revision") else ""
     if t["source"] == "hub":
         if t["cached"]:
-            head = (f"cached in {t['cache_dir']} at commit {t['commit'][:12]}, "
-                    f"{human_bytes(t['bytes'])}")
+            head = f"cached in {t['cache_dir']} at commit {t['commit'][:12]}, {human_bytes(t['bytes'])}"
         elif t["built_here"]:
-            head = (f"not in the hub cache {t['cache_dir']} yet: build_tiny_target builds and "
-                    "publishes it there")
+            head = (
+                f"not in the hub cache {t['cache_dir']} yet: build_tiny_target builds and publishes it there"
+            )
         else:
-            size = (f"about {human_bytes(t['bytes'])} ({t['bytes_from']})" if t["bytes"]
-                    else "size unknown offline: set target.weights_gb")
-            head = (f"NOT in the hub cache {t['cache_dir']}: download_target will fetch it, "
-                    f"{size}")
+            size = (
+                f"about {human_bytes(t['bytes'])} ({t['bytes_from']})"
+                if t["bytes"]
+                else "size unknown offline: set target.weights_gb"
+            )
+            head = f"NOT in the hub cache {t['cache_dir']}: download_target will fetch it, {size}"
     elif t["source"] == "local folder":
         head = f"local folder, {human_bytes(t['bytes'])}" if t["cached"] else "local folder"
     else:
@@ -657,19 +725,28 @@ def format_target(t: dict) -> list[str]:
     g = t.get("gpu_memory") or {}
     if g:
         if g["fits"] is None:  # no gpu_memory_gb: say which common GPUs hold it
-            verdict = "; " + ", ".join(
-                f"{gpu} {'holds' if gb * 1e9 >= g['min_gpu_bytes'] else 'does NOT hold'} it"
-                for gpu, gb in COMMON_GPUS) + " (set gpu_memory_gb to check yours)"
+            verdict = (
+                "; "
+                + ", ".join(
+                    f"{gpu} {'holds' if gb * 1e9 >= g['min_gpu_bytes'] else 'does NOT hold'} it"
+                    for gpu, gb in COMMON_GPUS
+                )
+                + " (set gpu_memory_gb to check yours)"
+            )
         elif g["fits"]:
             verdict = f"; fits the configured {human_bytes(g['gpu_bytes'])} GPUs"
         else:
             verdict = f"; DOES NOT FIT the configured {human_bytes(g['gpu_bytes'])} GPUs"
-        lines.append(f"  GPU memory: {human_bytes(g['weights_per_gpu_bytes'])} of weights per GPU "
-                     f"at tensor parallel {g['tensor_parallel_size']}; each GPU needs more than "
-                     f"{human_bytes(g['min_gpu_bytes'])} at memory utilisation "
-                     f"{g['memory_utilization']} (plus KV cache){verdict}")
-        lines.append(f"  If vLLM's GPU engine misbehaves on this target, {GPU_ENGINE_FALLBACK} "
-                     "in vllm.env selects its V1 model runner (the path the CPU tests run).")
+        lines.append(
+            f"  GPU memory: {human_bytes(g['weights_per_gpu_bytes'])} of weights per GPU "
+            f"at tensor parallel {g['tensor_parallel_size']}; each GPU needs more than "
+            f"{human_bytes(g['min_gpu_bytes'])} at memory utilisation "
+            f"{g['memory_utilization']} (plus KV cache){verdict}"
+        )
+        lines.append(
+            f"  If vLLM's GPU engine misbehaves on this target, {GPU_ENGINE_FALLBACK} "
+            "in vllm.env selects its V1 model runner (the path the CPU tests run)."
+        )
     return lines
 
 

@@ -201,9 +201,7 @@ def _check_source(i: int, src) -> dict:
     where = f"prompts source '{name}'"
     kind = src.get("type")
     if kind not in SOURCE_TYPES:
-        raise EaglenestError(
-            f"{where}: unknown type {kind!r} (expected one of {', '.join(SOURCE_TYPES)})"
-        )
+        raise EaglenestError(f"{where}: unknown type {kind!r} (expected one of {', '.join(SOURCE_TYPES)})")
     extra = set(src) - _COMMON_KEYS - _TYPE_KEYS[kind]
     if "weight" in extra:
         raise EaglenestError(f"{where}: 'weight' is not supported; set 'samples' to size the mix")
@@ -248,9 +246,7 @@ def _read_hf(src: dict) -> Iterator[dict]:
     what = f"dataset {dataset!r}" + (f" subset {src['subset']!r}" if src.get("subset") else "")
     what += f" split {split!r}" + (f" revision {src['revision']!r}" if src.get("revision") else "")
     try:
-        ds = datasets.load_dataset(
-            dataset, name=src.get("subset"), split=split, revision=src.get("revision")
-        )
+        ds = datasets.load_dataset(dataset, name=src.get("subset"), split=split, revision=src.get("revision"))
     except Exception as e:  # hub, network, missing split/config: all the user's to fix
         raise EaglenestError(
             f"source '{name}': cannot load Hugging Face {what}: {type(e).__name__}: {e}"
@@ -342,7 +338,10 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
             total_drops[k] += v
         log.info(
             "source %s: %d rows in, %d usable, %d kept%s; dropped %s",
-            name, n_in, len(usable), len(picked),
+            name,
+            n_in,
+            len(usable),
+            len(picked),
             f" (asked for {requested}, short)" if short else "",
             {k: v for k, v in drops.items() if v} or "none",
         )
@@ -365,8 +364,9 @@ def split_eval(rows: list[dict], eval_samples: int, seed: int) -> tuple[list[dic
     return train, evals
 
 
-def prepare_prompts(sources: list[dict], eval_samples: int, seed: int,
-                    train_path, eval_path, stats_path) -> dict:
+def prepare_prompts(
+    sources: list[dict], eval_samples: int, seed: int, train_path, eval_path, stats_path
+) -> dict:
     """Run the stage: write train/eval prompts and their stats; return the stats."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise EaglenestError(f"prompts: 'seed' must be an integer, got {seed!r}")
@@ -383,13 +383,21 @@ def prepare_prompts(sources: list[dict], eval_samples: int, seed: int,
         "sources": per_source,
     }
     # Nested: every file is complete under its temporary name before any is renamed into place.
-    with atomic_path(train_path) as t_train, atomic_path(eval_path) as t_eval, \
-            atomic_path(stats_path) as t_stats:
+    with (
+        atomic_path(train_path) as t_train,
+        atomic_path(eval_path) as t_eval,
+        atomic_path(stats_path) as t_stats,
+    ):
         _dump_jsonl(t_train, train)
         _dump_jsonl(t_eval, evals)
         t_stats.write_text(json.dumps(stats, indent=2) + "\n")
-    log.info("prompts: %d train, %d eval (of %d kept, %d read)",
-             len(train), len(evals), len(rows), stats["rows_in"])
+    log.info(
+        "prompts: %d train, %d eval (of %d kept, %d read)",
+        len(train),
+        len(evals),
+        len(rows),
+        stats["rows_in"],
+    )
     return stats
 
 

@@ -33,13 +33,16 @@ def target_fingerprint(target: str) -> str:
     path = Path(target)
     if not path.is_dir():
         return target
-    return json.dumps(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
-                             for f in path.iterdir() if f.is_file()))
+    return json.dumps(
+        sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file())
+    )
 
 
 def progress_path(run_dir, model: str, sampling: dict, target: str) -> Path:
-    spec = json.dumps({"model": model, "sampling": sampling, "format": RECORD_FORMAT,
-                       "target": target_fingerprint(target)}, sort_keys=True)
+    spec = json.dumps(
+        {"model": model, "sampling": sampling, "format": RECORD_FORMAT, "target": target_fingerprint(target)},
+        sort_keys=True,
+    )
     key = hashlib.sha256(spec.encode()).hexdigest()[:12]
     return Path(run_dir) / ".eaglenest" / "regenerate" / f"progress-{key}.jsonl"
 
@@ -75,8 +78,7 @@ class Progress:
             rate = self.done / max(now - self.t0, 1e-9)
             eta = (self.total - self.done) / rate if rate else float("inf")
             bar = "#" * int(20 * self.done / max(self.total, 1))
-            log.info("[%-20s] %d/%d responses, %.2f/s, ETA %.0f s", bar, self.done,
-                     self.total, rate, eta)
+            log.info("[%-20s] %d/%d responses, %.2f/s, ETA %.0f s", bar, self.done, self.total, rate, eta)
 
 
 async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server: Server) -> dict:
@@ -90,9 +92,11 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
             # (Kimi's <think>) when decoding a slow tokenizer's output, text the model never
             # wrote and that would re-tokenize differently.
             res = await client.chat.completions.create(
-                model=SERVED_NAME, messages=prompt["messages"],
+                model=SERVED_NAME,
+                messages=prompt["messages"],
                 extra_body={"return_token_ids": True, "spaces_between_special_tokens": False},
-                **sampling)
+                **sampling,
+            )
             prompt_ids = getattr(res, "prompt_token_ids", None)
             responses = []
             for choice in res.choices:
@@ -101,28 +105,39 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
                 reply = {"role": "assistant", "content": choice.message.content or ""}
                 if reasoning:
                     reply["reasoning_content"] = reasoning
-                responses.append({"messages": [*prompt["messages"], reply],
-                                  "finish_reason": choice.finish_reason,
-                                  "prompt_token_ids": prompt_ids,
-                                  "completion_token_ids": getattr(choice, "token_ids", None)})
+                responses.append(
+                    {
+                        "messages": [*prompt["messages"], reply],
+                        "finish_reason": choice.finish_reason,
+                        "prompt_token_ids": prompt_ids,
+                        "completion_token_ids": getattr(choice, "token_ids", None),
+                    }
+                )
             return {"id": prompt["id"], "responses": responses}
         except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
             check_alive(server)  # a dead server is not worth retrying
             if attempt == max_retries:
                 return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
-            log.warning("prompt %s: attempt %d failed (%s); retrying in %.0f s",
-                        prompt["id"], attempt + 1, e, delay)
+            log.warning(
+                "prompt %s: attempt %d failed (%s); retrying in %.0f s", prompt["id"], attempt + 1, e, delay
+            )
             await asyncio.sleep(delay * (1 + random.random() * 0.1))
             delay = min(delay * 2, 60)
     raise AssertionError("unreachable")
 
 
-async def _regenerate(server: Server, todo: list[dict], sampling: dict, concurrency: int,
-                      max_retries: int, timeout_s: float, progress_file: Path) -> None:
+async def _regenerate(
+    server: Server,
+    todo: list[dict],
+    sampling: dict,
+    concurrency: int,
+    max_retries: int,
+    timeout_s: float,
+    progress_file: Path,
+) -> None:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=0,
-                                timeout=timeout_s)
+    client = openai.AsyncOpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=0, timeout=timeout_s)
     sem = asyncio.Semaphore(concurrency)
     bar = Progress(len(todo))
 
@@ -145,13 +160,24 @@ def response_rows(record: dict) -> list[dict]:
     if "error" in record:
         return [{"id": pid, "prompt_id": pid, "error": record["error"]}]
     many = len(record["responses"]) > 1
-    return [{"id": f"{pid}:{k}" if many else pid, "prompt_id": pid, **r}
-            for k, r in enumerate(record["responses"])]
+    return [
+        {"id": f"{pid}:{k}" if many else pid, "prompt_id": pid, **r}
+        for k, r in enumerate(record["responses"])
+    ]
 
 
-def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, target: str,
-                         sampling: dict, concurrency: int = 8, max_retries: int = 3,
-                         request_timeout_s: float = 600.0) -> dict:
+def regenerate_responses(
+    server: Server,
+    prompts_path,
+    out_path,
+    run_dir,
+    *,
+    target: str,
+    sampling: dict,
+    concurrency: int = 8,
+    max_retries: int = 3,
+    request_timeout_s: float = 600.0,
+) -> dict:
     """Answer every prompt in `prompts_path` through `server` (serving `target`); write
     `out_path`. Returns counts."""
     prompts = list(iter_jsonl(prompts_path))
@@ -159,11 +185,15 @@ def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, tar
     pfile.parent.mkdir(parents=True, exist_ok=True)
     done = load_progress(pfile)
     todo = [p for p in prompts if p["id"] not in done]
-    log.info("%d prompts, %d already answered in %s, %d to send", len(prompts),
-             len(prompts) - len(todo), pfile, len(todo))
+    log.info(
+        "%d prompts, %d already answered in %s, %d to send",
+        len(prompts),
+        len(prompts) - len(todo),
+        pfile,
+        len(todo),
+    )
     if todo:
-        asyncio.run(_regenerate(server, todo, sampling, concurrency, max_retries,
-                                request_timeout_s, pfile))
+        asyncio.run(_regenerate(server, todo, sampling, concurrency, max_retries, request_timeout_s, pfile))
     # The last record of an id wins: an error followed by a later success is a success.
     final: dict[str, dict] = {}
     with open(pfile) as f:
@@ -176,25 +206,51 @@ def regenerate_responses(server: Server, prompts_path, out_path, run_dir, *, tar
                 final[row["id"]] = row
     write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
     failed = sum("error" in final[p["id"]] for p in prompts)
-    counts = {"prompts": len(prompts), "sent": len(todo), "resumed": len(prompts) - len(todo),
-              "answered": len(prompts) - failed, "failed": failed,
-              "responses": sum(len(final[p["id"]].get("responses", ())) for p in prompts)}
+    counts = {
+        "prompts": len(prompts),
+        "sent": len(todo),
+        "resumed": len(prompts) - len(todo),
+        "answered": len(prompts) - failed,
+        "failed": failed,
+        "responses": sum(len(final[p["id"]].get("responses", ())) for p in prompts),
+    }
     log.info("regeneration done: %s", counts)
     return counts
 
 
-def regenerate_stage(*, run_dir, target: str, server_cfg: dict, reasoning_parser, prompts_path,
-                     out_path, sampling: dict, concurrency: int, max_retries: int,
-                     request_timeout_s: float) -> dict:
+def regenerate_stage(
+    *,
+    run_dir,
+    target: str,
+    server_cfg: dict,
+    reasoning_parser,
+    prompts_path,
+    out_path,
+    sampling: dict,
+    concurrency: int,
+    max_retries: int,
+    request_timeout_s: float,
+) -> dict:
     """The `regenerate_responses` rule: lease the target's server, answer every prompt."""
     from eaglenest.server import ServerSpec, serving
     from eaglenest.workflow import with_reasoning_parser
 
-    spec = ServerSpec(model=target,
-                      args=with_reasoning_parser(tuple(server_cfg["base_args"]), reasoning_parser),
-                      env=tuple(sorted(server_cfg["env"].items())))
-    with serving(spec, run_dir, reuse=server_cfg["reuse"],
-                 timeout_s=server_cfg["startup_timeout_s"]) as server:
-        return regenerate_responses(server, prompts_path, out_path, run_dir, sampling=sampling,
-                                    concurrency=concurrency, max_retries=max_retries,
-                                    request_timeout_s=request_timeout_s, target=target)
+    spec = ServerSpec(
+        model=target,
+        args=with_reasoning_parser(tuple(server_cfg["base_args"]), reasoning_parser),
+        env=tuple(sorted(server_cfg["env"].items())),
+    )
+    with serving(
+        spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
+    ) as server:
+        return regenerate_responses(
+            server,
+            prompts_path,
+            out_path,
+            run_dir,
+            sampling=sampling,
+            concurrency=concurrency,
+            max_retries=max_retries,
+            request_timeout_s=request_timeout_s,
+            target=target,
+        )

@@ -213,15 +213,24 @@ def server_command(spec: ServerSpec, port: int) -> list[str]:
     # `python -m` rather than the `vllm` CLI: the CPU repackaging has no `vllm` distribution
     # metadata, which the CLI needs.
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", spec.model, "--served-model-name", SERVED_NAME,
-        "--host", "127.0.0.1", "--port", str(port),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        spec.model,
+        "--served-model-name",
+        SERVED_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
         *spec.args,
     ]
 
 
-def start(spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None,
-          timeout_s: float = 900.0) -> Server:
+def start(
+    spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None, timeout_s: float = 900.0
+) -> Server:
     """Start a server detached (own session) and wait until it is healthy."""
     bypass_proxy_for_loopback()  # this process's health checks and clients
     port = free_port()
@@ -234,8 +243,14 @@ def start(spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None,
     with open(log_path, "ab") as logf:
         logf.write(f"\n$ {' '.join(cmd)}\n".encode())
         logf.flush()
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     server = Server(pid=proc.pid, port=port, key=spec.key(), log_path=str(log_path))
     log.info("vLLM server starting: pid %d, port %d, log %s", proc.pid, port, log_path)
     t0 = time.monotonic()
@@ -252,13 +267,17 @@ def wait_healthy(server: Server, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not server.alive():
-            raise ServerError(f"vLLM server exited during start-up. Last lines of its log:\n"
-                              f"{server.log_tail()}", server.log_path)
+            raise ServerError(
+                f"vLLM server exited during start-up. Last lines of its log:\n{server.log_tail()}",
+                server.log_path,
+            )
         if _http_ok(f"{server.base_url}/health") and _http_ok(f"{server.api_url}/models"):
             return
         time.sleep(1.0)
-    raise ServerError(f"vLLM server not healthy after {timeout_s:.0f} s. Last lines of its log:"
-                      f"\n{server.log_tail()}", server.log_path)
+    raise ServerError(
+        f"vLLM server not healthy after {timeout_s:.0f} s. Last lines of its log:\n{server.log_tail()}",
+        server.log_path,
+    )
 
 
 class Lease:
@@ -310,8 +329,13 @@ class Lease:
                 stop_pid(server.pid)
                 self._record(None)
             watch = os.environ.get(WORKFLOW_PID_ENV)
-            server = start(spec, self.run_dir, self.dir / f"server-{spec.key()}.log",
-                           watch_pid=int(watch) if watch else None, timeout_s=timeout_s)
+            server = start(
+                spec,
+                self.run_dir,
+                self.dir / f"server-{spec.key()}.log",
+                watch_pid=int(watch) if watch else None,
+                timeout_s=timeout_s,
+            )
             self._record(server)
             return server
 
@@ -362,5 +386,7 @@ def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float =
 def check_alive(server: Server) -> None:
     """Raise with the log tail if the server died under us (called between requests)."""
     if not server.alive():
-        raise ServerError(f"vLLM server (pid {server.pid}) died. Last lines of its log:\n"
-                          f"{server.log_tail()}", server.log_path)
+        raise ServerError(
+            f"vLLM server (pid {server.pid}) died. Last lines of its log:\n{server.log_tail()}",
+            server.log_path,
+        )

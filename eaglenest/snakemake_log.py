@@ -125,5 +125,4 @@ def parse_jobs(text: str) -> list[JobRecord]:
     return jobs
 
 
-__all__ = ["GPU_RESOURCES", "JobRecord", "parse_jobs", "parse_stamp", "requests_gpu",
-           "split_files"]
+__all__ = ["GPU_RESOURCES", "JobRecord", "parse_jobs", "parse_stamp", "requests_gpu", "split_files"]

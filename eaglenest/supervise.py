@@ -18,7 +18,7 @@ from eaglenest.server import pid_alive
 
 def main(argv: list[str]) -> int:
     watch_pid = int(argv[0])
-    cmd = argv[argv.index("--") + 1:]
+    cmd = argv[argv.index("--") + 1 :]
     child = subprocess.Popen(cmd)
 
     def stop(*_):

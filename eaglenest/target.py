@@ -38,8 +38,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 def is_hub_id(path: str) -> bool:
     """A Hugging Face id ('org/name') that is not an existing local path."""
-    return (not Path(path).exists() and not path.startswith((".", "/", "~"))
-            and bool(HUB_ID.match(path)))
+    return not Path(path).exists() and not path.startswith((".", "/", "~")) and bool(HUB_ID.match(path))
 
 
 def on_hub(path: str, built_as: str | None = None) -> bool:
@@ -55,8 +54,7 @@ def check_target(path: str, built_here: bool) -> None:
     """A target is a folder (existing or built by the workflow) or a Hugging Face id."""
     if built_here or Path(path).exists() or is_hub_id(path):
         return
-    raise EaglenestError("target path does not exist (and is not a Hugging Face id "
-                         "'org/name')", path)
+    raise EaglenestError("target path does not exist (and is not a Hugging Face id 'org/name')", path)
 
 
 def hub_cache_dir(cache_dir=None) -> Path:
@@ -99,8 +97,13 @@ def cache_status(repo_id: str, revision: str | None, cache_dir=None) -> dict:
     snapshot = repo_cache_folder(repo_id, cache_dir) / "snapshots" / (commit or "-")
     cached = commit is not None and (snapshot / "config.json").exists()
     size = sum(f.stat().st_size for f in snapshot.rglob("*") if f.is_file()) if cached else None
-    return {"cached": cached, "commit": commit, "snapshot": str(snapshot) if cached else None,
-            "cache_dir": str(hub_cache_dir(cache_dir)), "bytes": size}
+    return {
+        "cached": cached,
+        "commit": commit,
+        "snapshot": str(snapshot) if cached else None,
+        "cache_dir": str(hub_cache_dir(cache_dir)),
+        "bytes": size,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,15 +154,17 @@ def read_shape(model_dir, require=SHAPE_KEYS) -> TargetShape:
         value = tcfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             if key in require:
-                raise EaglenestError(f"{where}{key} must be a positive integer (got {value!r})",
-                                     path)
+                raise EaglenestError(f"{where}{key} must be a positive integer (got {value!r})", path)
             value = None
         values[key] = value
-    return TargetShape(vocab_size=values["vocab_size"], hidden_size=values["hidden_size"],
-                       num_layers=values["num_hidden_layers"],
-                       model_type=str(config.get("model_type", "")),
-                       architectures=tuple(config.get("architectures") or ()),
-                       multimodal=tcfg is not config)
+    return TargetShape(
+        vocab_size=values["vocab_size"],
+        hidden_size=values["hidden_size"],
+        num_layers=values["num_hidden_layers"],
+        model_type=str(config.get("model_type", "")),
+        architectures=tuple(config.get("architectures") or ()),
+        multimodal=tcfg is not config,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,15 +195,21 @@ def _download(repo_id: str, revision: str | None, cache_dir) -> Path:
 
     offline = constants.HF_HUB_OFFLINE
     try:
-        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
-                                      local_files_only=offline))
+        return Path(
+            snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=offline)
+        )
     except Exception as e:  # huggingface_hub raises many types; the user needs the message
-        how = ("HF_HUB_OFFLINE is set, so only the local cache was searched: download it there "
-               f"first (`hf download {repo_id}`) or unset HF_HUB_OFFLINE" if offline else
-               "check the id, the revision and your token (HF_TOKEN)")
-        raise EaglenestError(f"cannot get {repo_id} (revision {revision or 'main'}) into the "
-                             f"hub cache {hub_cache_dir(cache_dir)}: {type(e).__name__}: {e}. "
-                             f"{how}") from None
+        how = (
+            "HF_HUB_OFFLINE is set, so only the local cache was searched: download it there "
+            f"first (`hf download {repo_id}`) or unset HF_HUB_OFFLINE"
+            if offline
+            else "check the id, the revision and your token (HF_TOKEN)"
+        )
+        raise EaglenestError(
+            f"cannot get {repo_id} (revision {revision or 'main'}) into the "
+            f"hub cache {hub_cache_dir(cache_dir)}: {type(e).__name__}: {e}. "
+            f"{how}"
+        ) from None
 
 
 def download_target(repo_id: str, revision: str | None, cache_dir=None) -> Path:
@@ -210,23 +221,31 @@ def _check_complete(folder: Path) -> list[tuple[str, int]]:
     """The snapshot's files; a missing config, weight file or weight shard is an error."""
     if not (folder / "config.json").exists():
         raise EaglenestError("target folder has no config.json", folder)
-    files = sorted((str(f.relative_to(folder)), f.stat().st_size)
-                   for f in folder.rglob("*") if f.is_file() and ".cache" not in f.parts)
+    files = sorted(
+        (str(f.relative_to(folder)), f.stat().st_size)
+        for f in folder.rglob("*")
+        if f.is_file() and ".cache" not in f.parts
+    )
     for index in folder.glob("*.safetensors.index.json"):
         from eaglenest.io import read_json
 
-        missing = sorted({s for s in read_json(index).get("weight_map", {}).values()
-                          if not (folder / s).exists()})
+        missing = sorted(
+            {s for s in read_json(index).get("weight_map", {}).values() if not (folder / s).exists()}
+        )
         if missing:
-            raise EaglenestError(f"{len(missing)} weight shards named in {index.name} are "
-                                 f"missing (e.g. {missing[0]}): an interrupted download?", folder)
+            raise EaglenestError(
+                f"{len(missing)} weight shards named in {index.name} are "
+                f"missing (e.g. {missing[0]}): an interrupted download?",
+                folder,
+            )
     if not any(name.endswith(WEIGHT_SUFFIXES) for name, _ in files):
         raise EaglenestError("target folder holds no weight files", folder)
     return files
 
 
-def resolve_target(name: str, *, revision: str | None = None, cache_dir=None,
-                   trust_remote_code: bool = False) -> Target:
+def resolve_target(
+    name: str, *, revision: str | None = None, cache_dir=None, trust_remote_code: bool = False
+) -> Target:
     """A local folder as it is, a hub id through the hub cache (downloading where allowed)."""
     if Path(name).exists():
         folder, source, commit = Path(name).resolve(), "local", None
@@ -238,9 +257,16 @@ def resolve_target(name: str, *, revision: str | None = None, cache_dir=None,
         raise AssertionError("unreachable")
     files = _check_complete(folder)
     check_remote_code(folder, trust_remote_code)  # before hours of regeneration, not after
-    return Target(name=name, path=str(folder), source=source, revision=revision, commit=commit,
-                  trust_remote_code=trust_remote_code, files=[list(f) for f in files],
-                  shape=asdict(read_shape(folder)))
+    return Target(
+        name=name,
+        path=str(folder),
+        source=source,
+        revision=revision,
+        commit=commit,
+        trust_remote_code=trust_remote_code,
+        files=[list(f) for f in files],
+        shape=asdict(read_shape(folder)),
+    )
 
 
 def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, out_record) -> dict:
@@ -249,14 +275,19 @@ def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, ou
 
     from eaglenest.io import write_json
 
-    target = resolve_target(name, revision=revision, cache_dir=cache_dir,
-                            trust_remote_code=trust_remote_code)
+    target = resolve_target(name, revision=revision, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     record = asdict(target)
     write_json(out_record, record)
     logging.getLogger(__name__).info(
-        "target %s -> %s (%s%s): %d files, %.1f MB; text model %s", name, target.path,
-        target.source, f" commit {target.commit}" if target.commit else "", len(target.files),
-        sum(s for _, s in target.files) / 1e6, target.shape)
+        "target %s -> %s (%s%s): %d files, %.1f MB; text model %s",
+        name,
+        target.path,
+        target.source,
+        f" commit {target.commit}" if target.commit else "",
+        len(target.files),
+        sum(s for _, s in target.files) / 1e6,
+        target.shape,
+    )
     return record
 
 
@@ -268,11 +299,11 @@ def load_target(record_path) -> Target:
     try:
         target = Target(**record)
     except TypeError as e:
-        raise EaglenestError(f"not a target record ({e}); rerun resolve_target",
-                             record_path) from None
+        raise EaglenestError(f"not a target record ({e}); rerun resolve_target", record_path) from None
     if not Path(target.path).is_dir():
-        raise EaglenestError(f"the target folder {target.path} is gone (hub cache cleaned?); "
-                             "rerun resolve_target", record_path)
+        raise EaglenestError(
+            f"the target folder {target.path} is gone (hub cache cleaned?); rerun resolve_target", record_path
+        )
     return target
 
 
@@ -293,9 +324,12 @@ def check_remote_code(model_dir, trust_remote_code: bool) -> None:
     except (ValueError, AttributeError):
         return  # transformers will say what is wrong with the file
     if "AutoTokenizer" in auto_map:
-        raise EaglenestError("the tokenizer ships as remote code (auto_map.AutoTokenizer): set "
-                             "target.trust_remote_code: true, or transformers builds a different "
-                             "tokenizer than the target's", path)
+        raise EaglenestError(
+            "the tokenizer ships as remote code (auto_map.AutoTokenizer): set "
+            "target.trust_remote_code: true, or transformers builds a different "
+            "tokenizer than the target's",
+            path,
+        )
 
 
 def load_tokenizer(model_dir, trust_remote_code: bool = False):
@@ -309,15 +343,15 @@ def load_tokenizer(model_dir, trust_remote_code: bool = False):
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises many types; the user needs the message
-        raise EaglenestError(f"cannot load the tokenizer: {type(e).__name__}: {e}",
-                             model_dir) from None
+        raise EaglenestError(f"cannot load the tokenizer: {type(e).__name__}: {e}", model_dir) from None
 
 
 def keep_caches_in(run_dir) -> None:
     """Remote code that transformers copies out (HF_MODULES_CACHE) goes into the run's own
     folder, so a run leaves nothing in ~/.cache. Call before importing transformers."""
-    os.environ.setdefault("HF_MODULES_CACHE",
-                          str(Path(run_dir).resolve() / ".eaglenest" / "cache" / "hf_modules"))
+    os.environ.setdefault(
+        "HF_MODULES_CACHE", str(Path(run_dir).resolve() / ".eaglenest" / "cache" / "hf_modules")
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,8 +375,9 @@ def publish_to_hub_cache(folder, repo_id: str, cache_dir=None, branch: str = "ma
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
         digests[f] = h.hexdigest()
-    commit = hashlib.sha1("".join(f"{f.relative_to(folder)}\0{d}\n" for f, d in
-                                  digests.items()).encode()).hexdigest()
+    commit = hashlib.sha1(
+        "".join(f"{f.relative_to(folder)}\0{d}\n" for f, d in digests.items()).encode()
+    ).hexdigest()
     snapshot = repo / "snapshots" / commit
     for f, digest in digests.items():
         blob = repo / "blobs" / digest

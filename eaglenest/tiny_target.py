@@ -84,18 +84,34 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     return fast
 
 
-def pretrain(model, tokenizer, texts: list[str], *, steps: int, seed: int, seq_len: int = 128,
-             batch_size: int = 8, lr: float = 3e-3, answer_texts: int = 3) -> list[float]:
+def pretrain(
+    model,
+    tokenizer,
+    texts: list[str],
+    *,
+    steps: int,
+    seed: int,
+    seq_len: int = 128,
+    batch_size: int = 8,
+    lr: float = 3e-3,
+    answer_texts: int = 3,
+) -> list[float]:
     """Teach the model the chat format on the corpus: each text answered by the next few, one
     per line (joined by spaces, a text ending in "?" then reads like the end of a user turn and
     the answers stop after one sentence)."""
     import torch
 
     n = len(texts)
-    convs = [[{"role": "user", "content": texts[i]},
-              {"role": "assistant",
-               "content": "\n".join(texts[(i + j) % n] for j in range(1, answer_texts + 1))}]
-             for i in range(n)]
+    convs = [
+        [
+            {"role": "user", "content": texts[i]},
+            {
+                "role": "assistant",
+                "content": "\n".join(texts[(i + j) % n] for j in range(1, answer_texts + 1)),
+            },
+        ]
+        for i in range(n)
+    ]
     rendered = tokenizer.apply_chat_template(convs, tokenize=False)
     stream = torch.tensor([t for r in rendered for t in tokenizer(r)["input_ids"]])
     gen = torch.Generator().manual_seed(seed)
@@ -105,7 +121,7 @@ def pretrain(model, tokenizer, texts: list[str], *, steps: int, seed: int, seq_l
     model.train()
     for _ in range(steps):
         starts = torch.randint(0, len(stream) - seq_len - 1, (batch_size,), generator=gen)
-        batch = torch.stack([stream[i:i + seq_len] for i in starts.tolist()])
+        batch = torch.stack([stream[i : i + seq_len] for i in starts.tolist()])
         loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad()
         loss.backward()
@@ -159,19 +175,22 @@ def build_tiny_target(
     model = LlamaForCausalLM(config).eval()
     if pretrain_steps:
         losses = pretrain(model, tokenizer, texts, steps=pretrain_steps, seed=seed)
-        log.info("tiny target trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0],
-                 losses[-1])
+        log.info("tiny target trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0], losses[-1])
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(tmp)
         (tmp / "eaglenest_target.json").write_text(
-            json.dumps({"built_by": "eaglenest.tiny_target", "seed": seed,
-                        "pretrain_steps": pretrain_steps}, indent=2) + "\n"
+            json.dumps(
+                {"built_by": "eaglenest.tiny_target", "seed": seed, "pretrain_steps": pretrain_steps},
+                indent=2,
+            )
+            + "\n"
         )
-    log.info("tiny target: %d layers, hidden %d, vocab %d -> %s", num_layers, hidden_size,
-             vocab_size, out_dir)
+    log.info(
+        "tiny target: %d layers, hidden %d, vocab %d -> %s", num_layers, hidden_size, vocab_size, out_dir
+    )
     return Path(out_dir)
 
 
@@ -191,8 +210,10 @@ def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
     from eaglenest.kimi_mini import build_kimi_mini
 
     if "intermediate_size" in shape:
-        raise EaglenestError("target.build_tiny.intermediate_size applies to the llama "
-                             "architecture only (kimi_k25 derives its MLP sizes)")
+        raise EaglenestError(
+            "target.build_tiny.intermediate_size applies to the llama "
+            "architecture only (kimi_k25 derives its MLP sizes)"
+        )
     if "vocab_size" in shape:  # the BPE part; Kimi keeps 256 special ids after it
         shape["bpe_vocab_size"] = shape.pop("vocab_size")
     cache = hub_cache_dir(cache_dir)

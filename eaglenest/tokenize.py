@@ -50,8 +50,13 @@ from eaglenest.io import atomic_path, iter_jsonl
 from eaglenest.target import load_tokenizer, read_shape
 
 ROLES = ("system", "user", "assistant")
-SKIP_REASONS = ("regeneration_failed", "overlong", "no_assistant_tokens", "template_mismatch",
-                "opens_with_assistant")
+SKIP_REASONS = (
+    "regeneration_failed",
+    "overlong",
+    "no_assistant_tokens",
+    "template_mismatch",
+    "opens_with_assistant",
+)
 OVERLONG_POLICIES = ("truncate", "drop")
 MULTI_TURN_POLICIES = ("all", "last", "expand")
 
@@ -192,16 +197,22 @@ def encoding_mask(encoding, spans, n_chars: int) -> np.ndarray:
     return mask
 
 
-def tokenize_with_spans(tokenizer, texts: list[str], spans: list[list[tuple[int, int]]],
-                        force_prefix_boundaries: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+def tokenize_with_spans(
+    tokenizer, texts: list[str], spans: list[list[tuple[int, int]]], force_prefix_boundaries: bool = False
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Tokenize rendered texts (as apply_chat_template would: no special tokens added) and mask
     the tokens whose first character lies in one of each text's spans.
 
     `force_prefix_boundaries` takes the no-offsets path on a fast tokenizer (to test it)."""
     if not texts:
         return []
-    enc = tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
-                    return_token_type_ids=False, verbose=False)
+    enc = tokenizer(
+        texts,
+        add_special_tokens=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
+    )
     use_offsets = getattr(tokenizer, "is_fast", False) and not force_prefix_boundaries
     out = []
     for k, text in enumerate(texts):
@@ -235,8 +246,9 @@ def token_index_at(tokenizer, text: str, ids, pos: int) -> int:
     lo, hi = 0, n
     while lo < hi:
         mid = (lo + hi) // 2
-        decoded = tokenizer.decode(ids[:mid].tolist(), skip_special_tokens=False,
-                                   clean_up_tokenization_spaces=False)
+        decoded = tokenizer.decode(
+            ids[:mid].tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
         if len(decoded) >= pos:
             hi = mid
         else:
@@ -248,7 +260,7 @@ def prefix_mask(tokenizer, text: str, ids: np.ndarray, spans) -> np.ndarray:
     """`assistant_mask` for a tokenizer without offsets (see `token_index_at`)."""
     mask = np.zeros(len(ids), dtype=np.uint8)
     for s, e in spans:
-        mask[token_index_at(tokenizer, text, ids, s):token_index_at(tokenizer, text, ids, e)] = 1
+        mask[token_index_at(tokenizer, text, ids, s) : token_index_at(tokenizer, text, ids, e)] = 1
     return mask
 
 
@@ -280,14 +292,17 @@ def training_rows(rid: str, messages: list[dict], served, multi_turn: str) -> li
     if multi_turn != "expand":
         return [{"id": rid, "messages": messages, "served": served, "only_last": multi_turn == "last"}]
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    rows = [{"id": f"{rid}#{k}", "messages": messages[: i + 1], "served": None, "only_last": True}
-            for k, i in enumerate(turns[:-1])]
+    rows = [
+        {"id": f"{rid}#{k}", "messages": messages[: i + 1], "served": None, "only_last": True}
+        for k, i in enumerate(turns[:-1])
+    ]
     rows.append({"id": rid, "messages": messages, "served": served, "only_last": True})
     return rows
 
 
-def encode_rows(chat: ChatTurns, rows: list[dict], path=None,
-                force_prefix_boundaries: bool = False) -> list[dict]:
+def encode_rows(
+    chat: ChatTurns, rows: list[dict], path=None, force_prefix_boundaries: bool = False
+) -> list[dict]:
     """Tokens, loss mask and turn places of each training row (see `training_rows`).
 
     Each result has ``input_ids``, ``loss_mask`` and ``places`` (a TurnPlace per assistant
@@ -332,10 +347,15 @@ def encode_rows(chat: ChatTurns, rows: list[dict], path=None,
                 raise EaglenestError(
                     f"{_name(row['id'])}the prompt as the target's chat template renders it now "
                     "differs from the prompt the server rendered during regeneration (template or "
-                    "tokenizer changed since then?)", path)
+                    "tokenizer changed since then?)",
+                    path,
+                )
             final = row["messages"][-1]
-            result["places"].append(TurnPlace(len(row["messages"]) - 1, (-1, -1),
-                                              RENDERED if final["reasoning"] else NO_REASONING))
+            result["places"].append(
+                TurnPlace(
+                    len(row["messages"]) - 1, (-1, -1), RENDERED if final["reasoning"] else NO_REASONING
+                )
+            )
             ids = np.concatenate([ids, np.asarray(completion_ids, dtype=np.int64)])
             mask = np.concatenate([mask, np.ones(len(completion_ids), dtype=np.uint8)])
         result["input_ids"], result["loss_mask"] = ids, mask
@@ -404,11 +424,16 @@ class Tally:
             return
         top = int(ids.max())
         if top >= self.tokenizer_vocab:
-            raise EaglenestError(f"id {rid!r}: token id {top} is outside the tokenizer vocab "
-                                 f"(size {self.tokenizer_vocab})", self.path)
+            raise EaglenestError(
+                f"id {rid!r}: token id {top} is outside the tokenizer vocab (size {self.tokenizer_vocab})",
+                self.path,
+            )
         if top >= self.vocab_size:
-            raise EaglenestError(f"id {rid!r}: token id {top} is outside the target's vocab "
-                                 f"(its config's vocab_size {self.vocab_size})", self.path)
+            raise EaglenestError(
+                f"id {rid!r}: token id {top} is outside the target's vocab "
+                f"(its config's vocab_size {self.vocab_size})",
+                self.path,
+            )
 
     def count_tokens(self, masked_ids: list[np.ndarray]) -> None:
         if masked_ids:
@@ -481,8 +506,13 @@ def tokenize_responses(
 
     tokenizer = load_tokenizer(target_dir, trust_remote_code)
     chat = ChatTurns(tokenizer)
-    tally = Tally(read_shape(target_dir, require=("vocab_size",)).vocab_size, len(tokenizer),
-                  max_seq_len, overlong, responses_path)
+    tally = Tally(
+        read_shape(target_dir, require=("vocab_size",)).vocab_size,
+        len(tokenizer),
+        max_seq_len,
+        overlong,
+        responses_path,
+    )
 
     def write(batch: list[dict], f) -> None:
         lines, masked = [], []
@@ -491,8 +521,10 @@ def tokenize_responses(
             if kept is not None:
                 ids, mask = kept
                 masked.append(ids[mask.astype(bool)])
-                lines.append('{"id":%s,"input_ids":%s,"loss_mask":%s}\n'
-                             % (json.dumps(row["id"], ensure_ascii=False), _int_list(ids), _bit_list(mask)))
+                lines.append(
+                    '{"id":%s,"input_ids":%s,"loss_mask":%s}\n'
+                    % (json.dumps(row["id"], ensure_ascii=False), _int_list(ids), _bit_list(mask))
+                )
         tally.count_tokens(masked)
         f.write("".join(lines))
         batch.clear()
@@ -521,8 +553,11 @@ def tokenize_responses(
             chat_template_hash=chat_template_hash(tokenizer),
             target_name=target_name,
             target_revision=target_revision,
-            reasoning={"passed_as": chat.reasoning_channel,
-                       "assistant_turns_with_reasoning": sum(tally.fates.values()), **tally.fates},
+            reasoning={
+                "passed_as": chat.reasoning_channel,
+                "assistant_turns_with_reasoning": sum(tally.fates.values()),
+                **tally.fates,
+            },
         )
         tmp_meta.write_text(json.dumps(metadata, indent=2) + "\n")
     _log_summary(metadata)
@@ -535,15 +570,26 @@ def _log_summary(meta: dict) -> None:
         "tokenize: %d rows in (+%d from expansion), %d out, skipped %s, %d truncated; %d tokens, "
         "%d loss-masked; reasoning passed as %s: %d rendered, %d dropped by the template, %d "
         "dropped (no way to pass it); %d of %d assistant turns unmasked",
-        meta["samples_in"], meta["rows_from_expansion"], meta["samples_out"], meta["skipped"],
-        meta["truncated"], meta["tokens_total"], meta["tokens_loss_masked"], reasoning["passed_as"],
-        reasoning["rendered"], reasoning["dropped_by_template"], reasoning["dropped_unsupported"],
-        turns["unmasked"], turns["total"],
+        meta["samples_in"],
+        meta["rows_from_expansion"],
+        meta["samples_out"],
+        meta["skipped"],
+        meta["truncated"],
+        meta["tokens_total"],
+        meta["tokens_loss_masked"],
+        reasoning["passed_as"],
+        reasoning["rendered"],
+        reasoning["dropped_by_template"],
+        reasoning["dropped_unsupported"],
+        turns["unmasked"],
+        turns["total"],
     )
     if reasoning["rendered"] < reasoning["assistant_turns_with_reasoning"]:
-        log.warning("the reasoning of %d assistant turns is not in the training text: the chat "
-                    "template does not render it there (see README, \"Loss masks\")",
-                    reasoning["assistant_turns_with_reasoning"] - reasoning["rendered"])
+        log.warning(
+            "the reasoning of %d assistant turns is not in the training text: the chat "
+            'template does not render it there (see README, "Loss masks")',
+            reasoning["assistant_turns_with_reasoning"] - reasoning["rendered"],
+        )
 
 
 def _int_list(a: np.ndarray) -> str:

@@ -113,35 +113,70 @@ def spec_key(args: list[str]) -> str:
     return hashlib.sha256(json.dumps(args).encode()).hexdigest()[:12]
 
 
-def trainer_args(*, target: str, data_dir, save_path, draft_config, d2t_npy, t2d_npy,
-                 draft_vocab_size: int, aux_layer_ids: list[int], hp: dict, cpu: bool,
-                 log_dir, trust_remote_code: bool = False) -> list[str]:
+def trainer_args(
+    *,
+    target: str,
+    data_dir,
+    save_path,
+    draft_config,
+    d2t_npy,
+    t2d_npy,
+    draft_vocab_size: int,
+    aux_layer_ids: list[int],
+    hp: dict,
+    cpu: bool,
+    log_dir,
+    trust_remote_code: bool = False,
+) -> list[str]:
     """speculators' `train` flags for one EAGLE-3 run (hp: the config's `train` section;
     `target`: the resolved target folder, a hub snapshot for a hub id)."""
     args = [
-        "--speculator-type", "eagle3",
-        "--verifier-name-or-path", str(Path(target).resolve()),
+        "--speculator-type",
+        "eagle3",
+        "--verifier-name-or-path",
+        str(Path(target).resolve()),
         # EAGLE-3 never uses a mask token; naming one keeps speculators from building the
         # target's processor (image processor, remote-code tokenizer) just to pick one.
-        "--mask-token-id", "0",
-        "--data-path", str(data_dir),
-        "--save-path", str(save_path),
-        "--draft-config", str(draft_config),
-        "--d2t-path", str(d2t_npy), "--t2d-path", str(t2d_npy),
-        "--draft-vocab-size", str(draft_vocab_size),
-        "--target-layer-ids", *map(str, aux_layer_ids),
-        "--epochs", str(hp["epochs"]),
-        "--lr", str(hp["lr"]),
-        "--optimizer", hp["optimizer"],
-        "--ttt-steps", str(hp["ttt_steps"]),
-        "--total-seq-len", str(hp["total_seq_len"]),
-        "--hidden-states-dtype", hp["dtype"],
-        "--train-data-ratio", str(hp["train_data_ratio"]),
-        "--num-workers", str(hp["num_workers"]),
-        "--seed", str(hp["seed"]),
-        "--on-missing", "raise",
-        "--log-dir", str(log_dir),
-        "--scheduler-type", hp.get("scheduler", "none"),
+        "--mask-token-id",
+        "0",
+        "--data-path",
+        str(data_dir),
+        "--save-path",
+        str(save_path),
+        "--draft-config",
+        str(draft_config),
+        "--d2t-path",
+        str(d2t_npy),
+        "--t2d-path",
+        str(t2d_npy),
+        "--draft-vocab-size",
+        str(draft_vocab_size),
+        "--target-layer-ids",
+        *map(str, aux_layer_ids),
+        "--epochs",
+        str(hp["epochs"]),
+        "--lr",
+        str(hp["lr"]),
+        "--optimizer",
+        hp["optimizer"],
+        "--ttt-steps",
+        str(hp["ttt_steps"]),
+        "--total-seq-len",
+        str(hp["total_seq_len"]),
+        "--hidden-states-dtype",
+        hp["dtype"],
+        "--train-data-ratio",
+        str(hp["train_data_ratio"]),
+        "--num-workers",
+        str(hp["num_workers"]),
+        "--seed",
+        str(hp["seed"]),
+        "--on-missing",
+        "raise",
+        "--log-dir",
+        str(log_dir),
+        "--scheduler-type",
+        hp.get("scheduler", "none"),
     ]
     if trust_remote_code:
         args.append("--trust-remote-code")
@@ -156,8 +191,16 @@ def trainer_command(args: list[str], gpus: int) -> list[str]:
     if gpus > 1:
         # --standalone: a rendezvous on a free local port, so two runs on one node (or a port
         # left in TIME_WAIT) never collide on torchrun's default 29500.
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={gpus}", "-m", "eaglenest.train", *args]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={gpus}",
+            "-m",
+            "eaglenest.train",
+            *args,
+        ]
     return [sys.executable, "-m", "eaglenest.train", *args]
 
 
@@ -167,13 +210,16 @@ def run_trainer(args: list[str], gpus: int, log_file, metrics_file) -> None:
     cmd = trainer_command(args, gpus)
     log.info("$ %s", " ".join(cmd))
     with open(log_file, "ab") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
-                              env={**os.environ, METRICS_FILE_ENV: str(metrics_file)})
+        proc = subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, METRICS_FILE_ENV: str(metrics_file)}
+        )
     if proc.returncode != 0:
         from eaglenest.server import log_tail
 
-        raise RuntimeError(f"speculators train failed (exit {proc.returncode}). Last lines of "
-                           f"{log_file}:\n{log_tail(log_file)}")
+        raise RuntimeError(
+            f"speculators train failed (exit {proc.returncode}). Last lines of "
+            f"{log_file}:\n{log_tail(log_file)}"
+        )
 
 
 def epochs_done(save_path) -> list[int]:
@@ -228,17 +274,24 @@ def plot_curves(metrics: list[dict], out_png) -> None:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     epochs = [m["epoch"] for m in metrics]
     for split, style in (("train", "--"), ("val", "-")):
-        ax_loss.plot(epochs, [m[split].get("loss_epoch") for m in metrics], style, marker="o",
-                     label=split)
+        ax_loss.plot(epochs, [m[split].get("loss_epoch") for m in metrics], style, marker="o", label=split)
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
     ax_loss.legend()
-    positions = sorted({int(k.split("_")[2]) for m in metrics for k in m["val"]
-                        if k.startswith("full_acc_")})
+    positions = sorted({int(k.split("_")[2]) for m in metrics for k in m["val"] if k.startswith("full_acc_")})
     for p in positions:
-        line, = ax_acc.plot(epochs, [m["val"].get(f"full_acc_{p}_epoch") for m in metrics],
-                            marker="o", label=f"position {p} (val)")
-        ax_acc.plot(epochs, [m["train"].get(f"full_acc_{p}_epoch") for m in metrics], "--",
-                    color=line.get_color(), label=f"position {p} (train)")
+        (line,) = ax_acc.plot(
+            epochs,
+            [m["val"].get(f"full_acc_{p}_epoch") for m in metrics],
+            marker="o",
+            label=f"position {p} (val)",
+        )
+        ax_acc.plot(
+            epochs,
+            [m["train"].get(f"full_acc_{p}_epoch") for m in metrics],
+            "--",
+            color=line.get_color(),
+            label=f"position {p} (train)",
+        )
     ax_acc.set(xlabel="epoch", ylabel="accuracy", title="Per-position accuracy", ylim=(0, 1))
     ax_acc.legend(fontsize="small")
     fig.tight_layout()
@@ -247,9 +300,23 @@ def plot_curves(metrics: list[dict], out_png) -> None:
     plt.close(fig)
 
 
-def train_stage(*, run_dir, target, shard_dirs, tokenized_path, t2d_npy, d2t_npy,
-                draft_config_path, hp: dict, gpus: int, device: str, out_checkpoint,
-                out_metrics, out_curves, log_file) -> dict:
+def train_stage(
+    *,
+    run_dir,
+    target,
+    shard_dirs,
+    tokenized_path,
+    t2d_npy,
+    d2t_npy,
+    draft_config_path,
+    hp: dict,
+    gpus: int,
+    device: str,
+    out_checkpoint,
+    out_metrics,
+    out_curves,
+    log_file,
+) -> dict:
     """The `train_draft` rule: assemble the trainer's inputs, train (resuming), keep the result.
     `target` is the resolved target (eaglenest.target.Target)."""
     import shutil
@@ -266,21 +333,34 @@ def train_stage(*, run_dir, target, shard_dirs, tokenized_path, t2d_npy, d2t_npy
     Lease(run_dir).release()
     dcfg = read_json(draft_config_path)
     manifests = [read_json(Path(s) / "manifest.json") for s in shard_dirs]
-    key = spec_key([hp, dcfg, _file_digest(t2d_npy), _file_digest(d2t_npy),
-                    _file_digest(tokenized_path), manifests])
+    key = spec_key(
+        [hp, dcfg, _file_digest(t2d_npy), _file_digest(d2t_npy), _file_digest(tokenized_path), manifests]
+    )
     work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
     data_dir, save_path = work / "data", work / "checkpoints"
     link_training_data(tokenized_path, shard_dirs, data_dir)
     done = epochs_done(save_path)
-    log.info("training spec %s: %d of %d epochs already done%s", key, len(done), hp["epochs"],
-             " (resuming)" if done else "")
-    args = trainer_args(target=target.path, data_dir=data_dir, save_path=save_path,
-                        draft_config=draft_config_path, d2t_npy=Path(d2t_npy).resolve(),
-                        t2d_npy=Path(t2d_npy).resolve(),
-                        draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
-                        aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"], hp=hp,
-                        cpu=resolve_device(device) == "cpu", log_dir=work / "logs",
-                        trust_remote_code=target.trust_remote_code)
+    log.info(
+        "training spec %s: %d of %d epochs already done%s",
+        key,
+        len(done),
+        hp["epochs"],
+        " (resuming)" if done else "",
+    )
+    args = trainer_args(
+        target=target.path,
+        data_dir=data_dir,
+        save_path=save_path,
+        draft_config=draft_config_path,
+        d2t_npy=Path(d2t_npy).resolve(),
+        t2d_npy=Path(t2d_npy).resolve(),
+        draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
+        aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"],
+        hp=hp,
+        cpu=resolve_device(device) == "cpu",
+        log_dir=work / "logs",
+        trust_remote_code=target.trust_remote_code,
+    )
     gpus_here = gpus if resolve_device(device) == "cuda" else 1
     metrics_file = work / "epoch_metrics.jsonl"
     run_trainer(args, gpus_here, log_file, metrics_file)
@@ -292,8 +372,12 @@ def train_stage(*, run_dir, target, shard_dirs, tokenized_path, t2d_npy, d2t_npy
         for name in ("config.json", "model.safetensors"):
             shutil.copy(last / name, tmp / name)
     metrics = collect_metrics(metrics_file)
-    summary = {"epochs": len(final), "resumed_from_epoch": done[-1] if done else None,
-               "final_epoch": final[-1], "per_epoch": metrics}
+    summary = {
+        "epochs": len(final),
+        "resumed_from_epoch": done[-1] if done else None,
+        "final_epoch": final[-1],
+        "per_epoch": metrics,
+    }
     write_json(out_metrics, summary)
     plot_curves(metrics, out_curves)
     return summary

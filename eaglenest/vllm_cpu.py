@@ -33,5 +33,4 @@ def register() -> None:
         return [16, *declared(kv_cache_spec)]
 
     supported_kernel_block_sizes.eaglenest_patched = True
-    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(
-        supported_kernel_block_sizes)
+    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(supported_kernel_block_sizes)

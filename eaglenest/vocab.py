@@ -109,8 +109,7 @@ def _as_int64_counts(values: np.ndarray, path, what: str, dtype_name: str, ids=N
             raise EaglenestError(f"{what} contain NaN or infinite values", path)
         if not (values == np.round(values)).all():
             raise EaglenestError(
-                f"{what} have dtype {dtype_name} with non-integral values; expected integer "
-                "counts",
+                f"{what} have dtype {dtype_name} with non-integral values; expected integer counts",
                 path,
             )
     values = values.astype(np.int64, copy=False)
@@ -186,8 +185,7 @@ def load_token_counts(token_freq, target_vocab_size: int | None = None) -> np.nd
     counts = _as_int64_counts(obj.numpy(), path, "counts", str(obj.dtype))
     if target_vocab_size is not None and counts.size != target_vocab_size:
         raise EaglenestError(
-            f"count tensor has length {counts.size} but the target vocabulary size is "
-            f"{target_vocab_size}",
+            f"count tensor has length {counts.size} but the target vocabulary size is {target_vocab_size}",
             path,
         )
     return counts
@@ -229,14 +227,11 @@ def _validate_request(
     bad = kept[(kept < 0) | (kept >= target_vocab_size)]
     if bad.size:
         raise EaglenestError(
-            f"always-kept ids {bad.tolist()} out of range for target vocabulary size "
-            f"{target_vocab_size}",
+            f"always-kept ids {bad.tolist()} out of range for target vocabulary size {target_vocab_size}",
             path,
         )
     if kept.size > n:
-        raise EaglenestError(
-            f"{kept.size} always-kept ids do not fit in a draft vocabulary of {n}", path
-        )
+        raise EaglenestError(f"{kept.size} always-kept ids do not fit in a draft vocabulary of {n}", path)
     return kept
 
 
@@ -301,8 +296,12 @@ def compute_vocab_mapping(
         },
     }
     return VocabMapping(
-        torch.from_numpy(t2d), torch.from_numpy(d2t), torch.from_numpy(selected),
-        coverage, sizes, shares,
+        torch.from_numpy(t2d),
+        torch.from_numpy(d2t),
+        torch.from_numpy(selected),
+        coverage,
+        sizes,
+        shares,
     )
 
 
@@ -397,9 +396,7 @@ def build_vocab_mapping(
     together, so bad input leaves nothing behind. Returns the coverage report.
     """
     if target_config is not None and target_vocab_size is not None:
-        raise EaglenestError(
-            "give the target config or the target vocabulary size, not both", target_config
-        )
+        raise EaglenestError("give the target config or the target vocabulary size, not both", target_config)
     if target_config is not None:
         target_vocab_size = read_shape(target_config, require=("vocab_size",)).vocab_size
     elif target_vocab_size is not None and (
@@ -436,4 +433,3 @@ def build_vocab_mapping(
         paths.coverage_json.parent,
     )
     return cov
-

@@ -14,8 +14,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 def setup_logging(log_path) -> logging.Logger:
     """Send the stage's logging (eaglenest and the engines) to the rule's `log:` file."""
-    logging.basicConfig(filename=str(log_path), level=logging.INFO, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        filename=str(log_path),
+        level=logging.INFO,
+        force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for noisy in ("httpx", "httpx2", "openai", "urllib3"):
         # One line per request would bury the progress lines.
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -55,8 +59,14 @@ def resolve_device(device: str) -> str:
 def vllm_base_args(vcfg: dict, target_cfg: dict) -> tuple[str, ...]:
     """Flags every server of the run shares (the model itself is the spec's: the resolved
     target folder, a hub snapshot pinned to its commit, so no --revision)."""
-    args = ["--dtype", vcfg["dtype"], "--max-model-len", str(vcfg["max_model_len"]),
-            "--tensor-parallel-size", str(vcfg.get("tensor_parallel_size", 1))]
+    args = [
+        "--dtype",
+        vcfg["dtype"],
+        "--max-model-len",
+        str(vcfg["max_model_len"]),
+        "--tensor-parallel-size",
+        str(vcfg.get("tensor_parallel_size", 1)),
+    ]
     if vcfg.get("enforce_eager"):
         args.append("--enforce-eager")
     if target_cfg.get("trust_remote_code"):
@@ -70,4 +80,3 @@ def vllm_env(vcfg: dict) -> tuple[tuple[str, str], ...]:
 
 def with_reasoning_parser(args: tuple[str, ...], parser: str | None) -> tuple[str, ...]:
     return (*args, "--reasoning-parser", parser) if parser else args
-

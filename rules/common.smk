@@ -32,8 +32,10 @@ try:
 except EaglenestError as e:
     raise WorkflowError(f"config target.path: {e}")
 if TARGET_ON_HUB and not HUB_ID.match(TARGET):
-    raise WorkflowError(f"config target.path: {TARGET}: the kimi_k25 miniature is published "
-                        "into the hub cache, so its path must be a hub id 'org/name'")
+    raise WorkflowError(
+        f"config target.path: {TARGET}: the kimi_k25 miniature is published "
+        "into the hub cache, so its path must be a hub id 'org/name'"
+    )
 
 # GPU jobs find the leased vLLM server through this; its supervisor stops the server when
 # this process is gone, however the workflow ends.
@@ -73,8 +75,7 @@ def prompt_source_files():
     files = []
     for src in config["prompts"]["sources"]:
         if src["type"] == "bundled":
-            files.append(str(Path(workflow.basedir) / "data" / "prompts" /
-                             src.get("path", "default.jsonl")))
+            files.append(str(Path(workflow.basedir) / "data" / "prompts" / src.get("path", "default.jsonl")))
         elif src["type"] in ("jsonl", "parquet"):
             files.append(src["path"])
     return files

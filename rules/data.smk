@@ -9,13 +9,13 @@ if BUILD_TINY:
         output:
             # A hub-id target is published into the hub cache, as a download would leave it.
             target_source_files(),
+        log:
+            f"{RUN}/logs/build_tiny_target.log",
         params:
             target=TARGET,
             cache_dir=TARGET_CACHE,
             shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
             code=tiny_target_code(),
-        log:
-            f"{RUN}/logs/build_tiny_target.log",
         script:
             "../scripts/build_tiny_target.py"
 
@@ -27,12 +27,12 @@ elif TARGET_ON_HUB:
             # hash among the params: an edit of eaglenest must never make Snakemake delete the
             # ref of a downloaded model to fetch it again (id, revision and cache are the path).
             target_source_files(),
+        log:
+            f"{RUN}/logs/download_target.log",
         params:
             target=TARGET,
             revision=config["target"].get("revision"),
             cache_dir=TARGET_CACHE,
-        log:
-            f"{RUN}/logs/download_target.log",
         script:
             "../scripts/download_target.py"
 
@@ -42,14 +42,14 @@ rule resolve_target:
         target_source_files(),
     output:
         record=TARGET_RECORD,
+    log:
+        f"{RUN}/logs/resolve_target.log",
     params:
         target=TARGET,
         revision=config["target"].get("revision"),
         cache_dir=TARGET_CACHE,
         trust_remote_code=config["target"]["trust_remote_code"],
         code=code_hash("target"),
-    log:
-        f"{RUN}/logs/resolve_target.log",
     script:
         "../scripts/resolve_target.py"
 
@@ -61,13 +61,13 @@ rule prepare_prompts:
         train=f"{RUN}/prompts/prompts.jsonl",
         eval=f"{RUN}/prompts/eval_prompts.jsonl",
         stats=f"{RUN}/prompts/prompts_stats.json",
+    log:
+        f"{RUN}/logs/prepare_prompts.log",
     params:
         sources=config["prompts"]["sources"],
         eval_samples=config["prompts"]["eval_samples"],
         seed=config["prompts"].get("seed", 0),
         code=code_hash("prompts"),
-    log:
-        f"{RUN}/logs/prepare_prompts.log",
     script:
         "../scripts/prepare_prompts.py"
 
@@ -78,20 +78,23 @@ rule regenerate_responses:
         target=rules.resolve_target.output.record,
     output:
         responses=f"{RUN}/responses/raw_responses.jsonl",
+    log:
+        f"{RUN}/logs/regenerate_responses.log",
+    resources:
+        gpu=GPUS,
     params:
         run_dir=RUN,
         server=server_params(),
         reasoning_parser=config["target"].get("reasoning_parser"),
-        sampling={k: config["regenerate"][k] for k in ("max_tokens", "temperature", "top_p", "n")
-                  if k in config["regenerate"]},
+        sampling={
+            k: config["regenerate"][k]
+            for k in ("max_tokens", "temperature", "top_p", "n")
+            if k in config["regenerate"]
+        },
         concurrency=config["regenerate"]["concurrency"],
         max_retries=config["regenerate"]["max_retries"],
         request_timeout_s=config["regenerate"]["request_timeout_s"],
         code=code_hash("regenerate", "server", "target"),
-    resources:
-        gpu=GPUS,
-    log:
-        f"{RUN}/logs/regenerate_responses.log",
     script:
         "../scripts/regenerate_responses.py"
 
@@ -104,6 +107,8 @@ rule tokenize:
         data=f"{RUN}/tokenized/tokenized_data.jsonl",
         freq=f"{RUN}/tokenized/token_freq.pt",
         metadata=f"{RUN}/tokenized/metadata.json",
+    log:
+        f"{RUN}/logs/tokenize.log",
     params:
         run_dir=RUN,
         max_seq_len=config["tokenize"]["max_seq_len"],
@@ -111,7 +116,5 @@ rule tokenize:
         multi_turn=config["tokenize"]["multi_turn"],
         target_name=config["target"]["name"],
         code=code_hash("tokenize", "chat_turns", "target"),
-    log:
-        f"{RUN}/logs/tokenize.log",
     script:
         "../scripts/tokenize.py"

@@ -9,10 +9,16 @@ rule evaluate_acceptance:
         target=rules.resolve_target.output.record,
     output:
         acceptance=f"{RUN}/eval/acceptance.json",
-        table=report(f"{RUN}/eval/acceptance.csv", caption="../report/acceptance.rst",
-                     category="Acceptance"),
-        plot=report(f"{RUN}/eval/per_position_acceptance.png",
-                    caption="../report/per_position_acceptance.rst", category="Acceptance"),
+        table=report(f"{RUN}/eval/acceptance.csv", caption="../report/acceptance.rst", category="Acceptance"),
+        plot=report(
+            f"{RUN}/eval/per_position_acceptance.png",
+            caption="../report/per_position_acceptance.rst",
+            category="Acceptance",
+        ),
+    log:
+        f"{RUN}/logs/evaluate_acceptance.log",
+    resources:
+        gpu=GPUS,
     params:
         run_dir=RUN,
         server=server_params(),
@@ -21,10 +27,6 @@ rule evaluate_acceptance:
         concurrency=config["evaluate"]["concurrency"],
         ngram=config["evaluate"].get("ngram", {}),
         code=code_hash("evaluate", "server", "tokenize", "target"),
-    resources:
-        gpu=GPUS,
-    log:
-        f"{RUN}/logs/evaluate_acceptance.log",
     script:
         "../scripts/evaluate_acceptance.py"
 
@@ -38,12 +40,11 @@ rule run_summary:
         metadata=rules.tokenize.output.metadata,
         target=rules.resolve_target.output.record,
     output:
-        summary=report(f"{RUN}/run_summary.csv", caption="../report/run_summary.rst",
-                       category="Run"),
+        summary=report(f"{RUN}/run_summary.csv", caption="../report/run_summary.rst", category="Run"),
+    log:
+        f"{RUN}/logs/run_summary.log",
     params:
         lr=config["train"]["lr"],
         code=code_hash("summary", "target"),
-    log:
-        f"{RUN}/logs/run_summary.log",
     script:
         "../scripts/run_summary.py"

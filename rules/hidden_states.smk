@@ -10,14 +10,14 @@ rule plan_hidden_states:
         target=rules.resolve_target.output.record,
     output:
         plan=f"{RUN}/hidden_states/plan.json",
+    log:
+        f"{RUN}/logs/plan_hidden_states.log",
     params:
         aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         disk_margin_gb=config["hidden_states"].get("disk_margin_gb", 0),
         code=code_hash("hidden_states", "target"),
-    log:
-        f"{RUN}/logs/plan_hidden_states.log",
     script:
         "../scripts/plan_hidden_states.py"
 
@@ -29,8 +29,12 @@ rule extract_hidden_states:
         target=rules.resolve_target.output.record,
     output:
         shard=directory(f"{RUN}/hidden_states/shard_{{k}}"),
+    log:
+        f"{RUN}/logs/extract_hidden_states/shard_{{k}}.log",
     wildcard_constraints:
         k=r"\d+",
+    resources:
+        gpu=GPUS,
     params:
         run_dir=RUN,
         num_shards=NUM_SHARDS,
@@ -39,9 +43,5 @@ rule extract_hidden_states:
         concurrency=config["hidden_states"].get("concurrency", 4),
         server=server_params(),
         code=code_hash("hidden_states", "server", "cpu_connector", "target"),
-    resources:
-        gpu=GPUS,
-    log:
-        f"{RUN}/logs/extract_hidden_states/shard_{{k}}.log",
     script:
         "../scripts/extract_hidden_states.py"

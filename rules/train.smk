@@ -12,18 +12,19 @@ rule train_draft:
     output:
         checkpoint=directory(f"{RUN}/train/checkpoint"),
         metrics=f"{RUN}/train/train_metrics.json",
-        curves=report(f"{RUN}/train/train_curves.png", caption="../report/train_curves.rst",
-                      category="Training"),
+        curves=report(
+            f"{RUN}/train/train_curves.png", caption="../report/train_curves.rst", category="Training"
+        ),
+    log:
+        f"{RUN}/logs/train_draft.log",
+    resources:
+        gpu=GPUS,
     params:
         run_dir=RUN,
         hp=config["train"],
         gpus=GPUS,
         device=config["vllm"]["device"],
         code=code_hash("train", "contracts", "hidden_states", "target"),
-    resources:
-        gpu=GPUS,
-    log:
-        f"{RUN}/logs/train_draft.log",
     script:
         "../scripts/train_draft.py"
 
@@ -37,10 +38,10 @@ rule export_draft:
         target=rules.resolve_target.output.record,
     output:
         draft=directory(f"{RUN}/draft"),
+    log:
+        f"{RUN}/logs/export_draft.log",
     params:
         max_model_len=config["vllm"]["max_model_len"],
         code=code_hash("export", "target"),
-    log:
-        f"{RUN}/logs/export_draft.log",
     script:
         "../scripts/export_draft.py"

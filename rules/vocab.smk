@@ -11,14 +11,15 @@ rule build_vocab_mapping:
         t2d_npy=f"{RUN}/vocab/t2d.npy",
         d2t_npy=f"{RUN}/vocab/d2t.npy",
         coverage=f"{RUN}/vocab/vocab_coverage.json",
-        coverage_plot=report(f"{RUN}/vocab/vocab_coverage.png",
-                             caption="../report/vocab_coverage.rst", category="Vocabulary"),
+        coverage_plot=report(
+            f"{RUN}/vocab/vocab_coverage.png", caption="../report/vocab_coverage.rst", category="Vocabulary"
+        ),
+    log:
+        f"{RUN}/logs/build_vocab_mapping.log",
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         always_keep_ids=config["vocab"].get("always_keep_ids", []),
         code=code_hash("vocab", "target"),
-    log:
-        f"{RUN}/logs/build_vocab_mapping.log",
     script:
         "../scripts/build_vocab_mapping.py"
 
@@ -28,13 +29,13 @@ rule draft_config:
         target=rules.resolve_target.output.record,
     output:
         config=f"{RUN}/draft_config.json",
+    log:
+        f"{RUN}/logs/draft_config.log",
     params:
         aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         draft_layers=config["train"]["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
         code=code_hash("draft_config", "target"),
-    log:
-        f"{RUN}/logs/draft_config.log",
     script:
         "../scripts/draft_config.py"

@@ -1,4 +1,5 @@
 """Snakemake adapter for `download_target`: see eaglenest.target."""
+
 from eaglenest.target import download_target
 from eaglenest.workflow import run_logged
 

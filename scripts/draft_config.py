@@ -1,10 +1,18 @@
 """Snakemake adapter for `draft_config`: see eaglenest.draft_config."""
+
 from eaglenest.draft_config import build_draft_config
 from eaglenest.target import load_target
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
-run_logged(sm.log[0], build_draft_config, load_target(sm.input.target).path, sm.output.config,
-           aux_layer_ids=p.aux_layer_ids, draft_vocab_size=p.draft_vocab_size,
-           draft_layers=p.draft_layers, max_position_embeddings=p.max_model_len)
+run_logged(
+    sm.log[0],
+    build_draft_config,
+    load_target(sm.input.target).path,
+    sm.output.config,
+    aux_layer_ids=p.aux_layer_ids,
+    draft_vocab_size=p.draft_vocab_size,
+    draft_layers=p.draft_layers,
+    max_position_embeddings=p.max_model_len,
+)

@@ -1,4 +1,5 @@
 """Snakemake adapter for `evaluate_acceptance`: see eaglenest.evaluate."""
+
 from eaglenest.evaluate import evaluate_stage
 from eaglenest.target import keep_caches_in, load_target
 from eaglenest.workflow import run_logged
@@ -6,8 +7,20 @@ from eaglenest.workflow import run_logged
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
 keep_caches_in(p.run_dir)  # before transformers loads remote code
-run_logged(sm.log[0], evaluate_stage, run_dir=p.run_dir, target=load_target(sm.input.target),
-           draft_dir=sm.input.draft, prompts_path=sm.input.prompts,
-           metadata_path=sm.input.metadata, server_cfg=dict(p.server), k=p.k,
-           max_tokens=p.max_tokens, concurrency=p.concurrency, ngram=dict(p.ngram),
-           out_json=sm.output.acceptance, out_csv=sm.output.table, out_png=sm.output.plot)
+run_logged(
+    sm.log[0],
+    evaluate_stage,
+    run_dir=p.run_dir,
+    target=load_target(sm.input.target),
+    draft_dir=sm.input.draft,
+    prompts_path=sm.input.prompts,
+    metadata_path=sm.input.metadata,
+    server_cfg=dict(p.server),
+    k=p.k,
+    max_tokens=p.max_tokens,
+    concurrency=p.concurrency,
+    ngram=dict(p.ngram),
+    out_json=sm.output.acceptance,
+    out_csv=sm.output.table,
+    out_png=sm.output.plot,
+)

@@ -1,4 +1,5 @@
 """Snakemake adapter for `plan_hidden_states`: see eaglenest.hidden_states."""
+
 from pathlib import Path
 
 from eaglenest.hidden_states import plan_stage
@@ -7,7 +8,15 @@ from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
-run_logged(sm.log[0], plan_stage, metadata_path=sm.input.metadata,
-           target=load_target(sm.input.target).path, aux_layer_ids=p.aux_layer_ids,
-           out_dir=Path(sm.output.plan).parent, num_shards=p.num_shards, dtype=p.dtype,
-           disk_margin_gb=p.disk_margin_gb, plan_path=sm.output.plan)
+run_logged(
+    sm.log[0],
+    plan_stage,
+    metadata_path=sm.input.metadata,
+    target=load_target(sm.input.target).path,
+    aux_layer_ids=p.aux_layer_ids,
+    out_dir=Path(sm.output.plan).parent,
+    num_shards=p.num_shards,
+    dtype=p.dtype,
+    disk_margin_gb=p.disk_margin_gb,
+    plan_path=sm.output.plan,
+)

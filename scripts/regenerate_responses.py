@@ -1,12 +1,22 @@
 """Snakemake adapter for `regenerate_responses`: see eaglenest.regenerate."""
+
 from eaglenest.regenerate import regenerate_stage
 from eaglenest.target import load_target
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
-run_logged(sm.log[0], regenerate_stage, run_dir=p.run_dir, target=load_target(sm.input.target).path,
-           server_cfg=dict(p.server), reasoning_parser=p.reasoning_parser,
-           prompts_path=sm.input.prompts, out_path=sm.output.responses,
-           sampling=dict(p.sampling), concurrency=p.concurrency, max_retries=p.max_retries,
-           request_timeout_s=p.request_timeout_s)
+run_logged(
+    sm.log[0],
+    regenerate_stage,
+    run_dir=p.run_dir,
+    target=load_target(sm.input.target).path,
+    server_cfg=dict(p.server),
+    reasoning_parser=p.reasoning_parser,
+    prompts_path=sm.input.prompts,
+    out_path=sm.output.responses,
+    sampling=dict(p.sampling),
+    concurrency=p.concurrency,
+    max_retries=p.max_retries,
+    request_timeout_s=p.request_timeout_s,
+)

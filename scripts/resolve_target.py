@@ -1,8 +1,16 @@
 """Snakemake adapter for `resolve_target`: see eaglenest.target."""
+
 from eaglenest.target import resolve_stage
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
-run_logged(sm.log[0], resolve_stage, name=p.target, revision=p.revision, cache_dir=p.cache_dir,
-           trust_remote_code=p.trust_remote_code, out_record=sm.output.record)
+run_logged(
+    sm.log[0],
+    resolve_stage,
+    name=p.target,
+    revision=p.revision,
+    cache_dir=p.cache_dir,
+    trust_remote_code=p.trust_remote_code,
+    out_record=sm.output.record,
+)

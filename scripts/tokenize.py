@@ -1,4 +1,5 @@
 """Snakemake adapter for the tokenize rule: all logic lives in eaglenest.tokenize."""
+
 from eaglenest.target import keep_caches_in, load_target
 from eaglenest.tokenize import tokenize_responses
 from eaglenest.workflow import run_logged
@@ -7,7 +8,18 @@ sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
 keep_caches_in(p.run_dir)  # before transformers loads remote code
 target = load_target(sm.input.target)
-run_logged(sm.log[0], tokenize_responses, sm.input.responses, target.path, int(p.max_seq_len),
-           str(p.overlong), sm.output.data, sm.output.freq, sm.output.metadata,
-           target_name=str(p.target_name or ""), target_revision=target.commit,
-           trust_remote_code=target.trust_remote_code, multi_turn=str(p.multi_turn))
+run_logged(
+    sm.log[0],
+    tokenize_responses,
+    sm.input.responses,
+    target.path,
+    int(p.max_seq_len),
+    str(p.overlong),
+    sm.output.data,
+    sm.output.freq,
+    sm.output.metadata,
+    target_name=str(p.target_name or ""),
+    target_revision=target.commit,
+    trust_remote_code=target.trust_remote_code,
+    multi_turn=str(p.multi_turn),
+)

@@ -1,4 +1,5 @@
 """Snakemake adapter for `train_draft`: see eaglenest.train."""
+
 from eaglenest.target import keep_caches_in, load_target
 from eaglenest.train import train_stage
 from eaglenest.workflow import run_logged
@@ -6,8 +7,21 @@ from eaglenest.workflow import run_logged
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
 keep_caches_in(p.run_dir)  # the trainer and transformers import remote code there
-run_logged(sm.log[0], train_stage, run_dir=p.run_dir, target=load_target(sm.input.target),
-           shard_dirs=list(sm.input.shards), tokenized_path=sm.input.data, t2d_npy=sm.input.t2d,
-           d2t_npy=sm.input.d2t, draft_config_path=sm.input.draft_config, hp=dict(p.hp),
-           gpus=p.gpus, device=p.device, out_checkpoint=sm.output.checkpoint,
-           out_metrics=sm.output.metrics, out_curves=sm.output.curves, log_file=sm.log[0])
+run_logged(
+    sm.log[0],
+    train_stage,
+    run_dir=p.run_dir,
+    target=load_target(sm.input.target),
+    shard_dirs=list(sm.input.shards),
+    tokenized_path=sm.input.data,
+    t2d_npy=sm.input.t2d,
+    d2t_npy=sm.input.d2t,
+    draft_config_path=sm.input.draft_config,
+    hp=dict(p.hp),
+    gpus=p.gpus,
+    device=p.device,
+    out_checkpoint=sm.output.checkpoint,
+    out_metrics=sm.output.metrics,
+    out_curves=sm.output.curves,
+    log_file=sm.log[0],
+)

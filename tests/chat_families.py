@@ -34,25 +34,38 @@ def msg(role, content, reasoning=None):
 
 # The conversations every family is tested on.
 CASES = {
-    "single": [msg("user", "What is 2+2?"), msg("assistant", "The answer is 4.", "Two plus two.\nThat is four.")],
+    "single": [
+        msg("user", "What is 2+2?"),
+        msg("assistant", "The answer is 4.", "Two plus two.\nThat is four."),
+    ],
     "multi": [
         msg("system", "Be brief."),
-        msg("user", "Hi"), msg("assistant", "Hello!", "A greeting."),
-        msg("user", "Capital of France?"), msg("assistant", "Paris.", "France's capital is Paris."),
-        msg("user", "And Spain?"), msg("assistant", "Madrid.", "Spain: Madrid."),
+        msg("user", "Hi"),
+        msg("assistant", "Hello!", "A greeting."),
+        msg("user", "Capital of France?"),
+        msg("assistant", "Paris.", "France's capital is Paris."),
+        msg("user", "And Spain?"),
+        msg("assistant", "Madrid.", "Spain: Madrid."),
     ],
     "empty_final": [msg("user", "Say nothing."), msg("assistant", "", "The user wants silence.")],
     "empty_final_plain": [msg("user", "Say nothing."), msg("assistant", "")],
     "empty_earlier": [msg("user", "a"), msg("assistant", ""), msg("user", "b"), msg("assistant", "ok")],
     "angle": [
-        msg("user", "Bold?"), msg("assistant", "<b>x</b>"),
-        msg("user", "HTML please"), msg("assistant", "<div>hi</div>", "Write a div."),
+        msg("user", "Bold?"),
+        msg("assistant", "<b>x</b>"),
+        msg("user", "HTML please"),
+        msg("assistant", "<div>hi</div>", "Write a div."),
     ],
     "angle_plain": [msg("user", "HTML please"), msg("assistant", "<think>-like text is not a tag here")],
-    "unicode": [msg("user", "Übersetze: 你好 👋"),
-                msg("assistant", "Hallo 👋 — 你好 heißt hallo. é", "Chinese → German ✓")],
-    "opens_with_assistant": [msg("assistant", "Welcome!"), msg("user", "Thanks"),
-                             msg("assistant", "You're welcome.")],
+    "unicode": [
+        msg("user", "Übersetze: 你好 👋"),
+        msg("assistant", "Hallo 👋 — 你好 heißt hallo. é", "Chinese → German ✓"),
+    ],
+    "opens_with_assistant": [
+        msg("assistant", "Welcome!"),
+        msg("user", "Thanks"),
+        msg("assistant", "You're welcome."),
+    ],
 }
 
 
@@ -123,7 +136,10 @@ def expect_qwq(messages):
     def assistant(i, m):
         r = m.get("reasoning_content")
         if i == last and r:
-            return [("<|im_start|>assistant\n<think>\n", 0), (f"{r}\n</think>\n\n{m['content']}<|im_end|>", 1)], R
+            return [
+                ("<|im_start|>assistant\n<think>\n", 0),
+                (f"{r}\n</think>\n\n{m['content']}<|im_end|>", 1),
+            ], R
         return [("<|im_start|>assistant\n", 0), (f"{m['content']}<|im_end|>", 1)], DROP_T if r else NONE
 
     return _chatml(messages, assistant)
@@ -137,8 +153,11 @@ BOS_DS, EOS_DS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 def expect_deepseek(messages, v3_1=False):
     """No reasoning field and inline text is cut: reasoning is dropped, the answer follows
     '<｜Assistant｜>' (V3.1 in non-thinking mode: '<｜Assistant｜></think>', its generation prompt)."""
-    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system") if v3_1 else \
-        next((m["content"] for m in reversed(messages) if m["role"] == "system"), "")
+    system = (
+        "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+        if v3_1
+        else next((m["content"] for m in reversed(messages) if m["role"] == "system"), "")
+    )
     seg, fates = [(BOS_DS + system, 0)], []
     for m in messages:
         if m["role"] == "user":
@@ -159,15 +178,18 @@ def expect_kimi(messages, thinking=False):
     """Kimi-K2: role headers '<|im_..|>role<|im_middle|>', turns end '<|im_end|>', a default system
     message when the first is not one. K2-Thinking writes '<think></think>' before every past
     answer and drops its reasoning (it keeps reasoning only in tool-calling turns)."""
-    default = ("You are Kimi, an AI assistant created by Moonshot AI." if thinking
-               else "You are a helpful assistant")
+    default = (
+        "You are Kimi, an AI assistant created by Moonshot AI." if thinking else "You are a helpful assistant"
+    )
     seg, fates = [], []
     if messages[0]["role"] != "system":
         seg.append((f"<|im_system|>system<|im_middle|>{default}<|im_end|>", 0))
     for m in messages:
         if m["role"] == "assistant":
-            seg += [("<|im_assistant|>assistant<|im_middle|>", 0),
-                    (("<think></think>" if thinking else "") + m["content"] + "<|im_end|>", 1)]
+            seg += [
+                ("<|im_assistant|>assistant<|im_middle|>", 0),
+                (("<think></think>" if thinking else "") + m["content"] + "<|im_end|>", 1),
+            ]
             r = m.get("reasoning_content")
             fates.append((DROP_T if thinking else DROP_U) if r else NONE)
         else:
@@ -183,9 +205,14 @@ def expect_llama3(messages):
     """Llama 3.3: a system block with dates, every message trimmed and closed by '<|eot_id|>';
     no reasoning."""
     system = messages[0]["content"].strip() if messages[0]["role"] == "system" else ""
-    seg = [("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+    seg = [
+        (
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
             "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-            f"{system}<|eot_id|>", 0)]
+            f"{system}<|eot_id|>",
+            0,
+        )
+    ]
     fates = []
     for i, m in enumerate(messages):
         if m["role"] == "system" and i == 0:
@@ -206,10 +233,15 @@ def expect_gpt_oss(messages):
     """gpt-oss: reasoning goes in `thinking` and is rendered (analysis channel) for the final
     turn only; a past turn ends '<|end|>', the final one '<|return|>'."""
     today = datetime.date.today().strftime("%Y-%m-%d")
-    seg = [("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    seg = [
+        (
+            "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
             f"Knowledge cutoff: 2024-06\nCurrent date: {today}\n\nReasoning: medium\n\n"
             "# Valid channels: analysis, commentary, final. Channel must be included for every "
-            "message.<|end|>", 0)]
+            "message.<|end|>",
+            0,
+        )
+    ]
     loop = messages
     if messages[0]["role"] == "system":
         seg.append((f"<|start|>developer<|message|># Instructions\n\n{messages[0]['content']}\n\n<|end|>", 0))
@@ -222,7 +254,10 @@ def expect_gpt_oss(messages):
         r = m.get("reasoning_content")
         if k == len(loop) - 1:
             body = f"<|channel|>analysis<|message|>{r}<|end|><|start|>assistant" if r else ""
-            seg += [("<|start|>assistant", 0), (f"{body}<|channel|>final<|message|>{m['content']}<|return|>", 1)]
+            seg += [
+                ("<|start|>assistant", 0),
+                (f"{body}<|channel|>final<|message|>{m['content']}<|return|>", 1),
+            ]
             fates.append(R if r else NONE)
         else:
             seg += [("<|start|>assistant", 0), (f"<|channel|>final<|message|>{m['content']}<|end|>", 1)]
@@ -235,23 +270,61 @@ KIMI = ["<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|
 DEEPSEEK = [BOS_DS, EOS_DS, "<｜User｜>", "<｜Assistant｜>"]
 
 FAMILIES = [
-    Family("qwen3", "qwen3.jinja", CHATML, expect_qwen3, "reasoning_content", think_tokens=True,
-           eos="<|im_end|>"),
-    Family("qwen3_thinking_2507", "qwen3_thinking_2507.jinja", CHATML,
-           lambda m: expect_qwen3(m, forced_think=True), "reasoning_content", think_tokens=True,
-           eos="<|im_end|>"),
+    Family(
+        "qwen3", "qwen3.jinja", CHATML, expect_qwen3, "reasoning_content", think_tokens=True, eos="<|im_end|>"
+    ),
+    Family(
+        "qwen3_thinking_2507",
+        "qwen3_thinking_2507.jinja",
+        CHATML,
+        lambda m: expect_qwen3(m, forced_think=True),
+        "reasoning_content",
+        think_tokens=True,
+        eos="<|im_end|>",
+    ),
     Family("qwq", "qwq.jinja", CHATML, expect_qwq, "inline", think_tokens=True, eos="<|im_end|>"),
-    Family("deepseek_r1_distill", "deepseek_r1_distill.jinja", DEEPSEEK, expect_deepseek,
-           think_tokens=True, bos=BOS_DS, eos=EOS_DS),
-    Family("deepseek_v3_1", "deepseek_v3_1.jinja", DEEPSEEK, lambda m: expect_deepseek(m, v3_1=True),
-           think_tokens=True, bos=BOS_DS, eos=EOS_DS),
+    Family(
+        "deepseek_r1_distill",
+        "deepseek_r1_distill.jinja",
+        DEEPSEEK,
+        expect_deepseek,
+        think_tokens=True,
+        bos=BOS_DS,
+        eos=EOS_DS,
+    ),
+    Family(
+        "deepseek_v3_1",
+        "deepseek_v3_1.jinja",
+        DEEPSEEK,
+        lambda m: expect_deepseek(m, v3_1=True),
+        think_tokens=True,
+        bos=BOS_DS,
+        eos=EOS_DS,
+    ),
     Family("kimi_k2", "kimi_k2.jinja", KIMI, expect_kimi, eos="<|im_end|>"),
-    Family("kimi_k2_thinking", "kimi_k2_thinking.jinja", KIMI, lambda m: expect_kimi(m, thinking=True),
-           "reasoning_content", think_tokens=True, eos="<|im_end|>"),
-    Family("llama3_3", "llama3_3.jinja",
-           ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-           expect_llama3, bos="<|begin_of_text|>", eos="<|eot_id|>"),
-    Family("gpt_oss", "gpt_oss.jinja",
-           ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"],
-           expect_gpt_oss, "thinking", eos="<|return|>"),
+    Family(
+        "kimi_k2_thinking",
+        "kimi_k2_thinking.jinja",
+        KIMI,
+        lambda m: expect_kimi(m, thinking=True),
+        "reasoning_content",
+        think_tokens=True,
+        eos="<|im_end|>",
+    ),
+    Family(
+        "llama3_3",
+        "llama3_3.jinja",
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        expect_llama3,
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+    ),
+    Family(
+        "gpt_oss",
+        "gpt_oss.jinja",
+        ["<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"],
+        expect_gpt_oss,
+        "thinking",
+        eos="<|return|>",
+    ),
 ]

@@ -33,8 +33,13 @@ def target_record(folder: Path, record: Path, trust_remote_code: bool = False) -
     """What the resolve_target rule writes for a local model folder, as adapter tests need it."""
     from eaglenest.target import resolve_stage
 
-    resolve_stage(name=str(folder), revision=None, cache_dir=None,
-                  trust_remote_code=trust_remote_code, out_record=record)
+    resolve_stage(
+        name=str(folder),
+        revision=None,
+        cache_dir=None,
+        trust_remote_code=trust_remote_code,
+        out_record=record,
+    )
     return record
 
 
@@ -48,17 +53,37 @@ def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
     return path
 
 
-def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 3000,
-              check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+def snakemake(
+    workdir: Path,
+    configfile: Path,
+    *args: str,
+    timeout: int = 3000,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run the repository's workflow with `workdir` as working directory. The GPU cap comes
     from profiles/default, as in `make run` (a plain `snakemake --cores all`), not from here."""
-    cmd = [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(configfile), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    cmd = [
+        *SNAKEMAKE,
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(configfile),
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                             f"{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
@@ -68,18 +93,17 @@ def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
     m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\ntotal", text, re.S)
     if not m:
         return {}
-    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).splitlines()
-            if line.strip()}
+    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).splitlines() if line.strip()}
 
 
 def job_timeline(log_text: str) -> list[dict]:
     """Start and end (None unless it finished) of every job in Snakemake's own log, by jobid:
     dicts with jobid, rule, start, end (datetimes)."""
-    started = {j.jobid: j for j in parse_jobs(log_text)
-               if j.jobid is not None and j.start is not None}
-    return [{"jobid": i, "rule": j.rule, "start": j.start,
-             "end": j.end if j.status == "finished" else None}
-            for i, j in sorted(started.items())]
+    started = {j.jobid: j for j in parse_jobs(log_text) if j.jobid is not None and j.start is not None}
+    return [
+        {"jobid": i, "rule": j.rule, "start": j.start, "end": j.end if j.status == "finished" else None}
+        for i, j in sorted(started.items())
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +114,13 @@ def default_run(tmp_path_factory):
     configfile = write_config(workdir, cfg)
     proc = snakemake(workdir, configfile, "--cores", "2")
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)  # kept for timings
-    return {"workdir": workdir, "config": cfg, "configfile": configfile,
-            "run_dir": workdir / cfg["run_dir"], "log": proc.stdout + proc.stderr}
+    return {
+        "workdir": workdir,
+        "config": cfg,
+        "configfile": configfile,
+        "run_dir": workdir / cfg["run_dir"],
+        "log": proc.stdout + proc.stderr,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +135,12 @@ def kimi_mini_run(tmp_path_factory):
     env = {"HF_HOME": str(workdir / "hf-home"), "HF_HUB_OFFLINE": "1"}
     proc = snakemake(workdir, configfile, "--cores", "2", env=env)
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)
-    return {"workdir": workdir, "config": cfg, "configfile": configfile, "env": env,
-            "run_dir": workdir / cfg["run_dir"], "cache": workdir / cfg["target"]["cache_dir"],
-            "log": proc.stdout + proc.stderr}
+    return {
+        "workdir": workdir,
+        "config": cfg,
+        "configfile": configfile,
+        "env": env,
+        "run_dir": workdir / cfg["run_dir"],
+        "cache": workdir / cfg["target"]["cache_dir"],
+        "log": proc.stdout + proc.stderr,
+    }

@@ -66,12 +66,15 @@ def ensure_installed(log=print) -> None:
         raise ClusterUnavailable("no apt-get to install SLURM with")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     log(f"installing {' '.join(PACKAGES)} with apt-get")
-    for cmd in (["apt-get", "update", "-qq"],
-                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]):
+    for cmd in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES],
+    ):
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0:
-            raise ClusterUnavailable(f"{' '.join(cmd)} failed ({r.returncode}):\n"
-                                     f"{(r.stdout + r.stderr)[-2000:]}")
+            raise ClusterUnavailable(
+                f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-2000:]}"
+            )
     if missing_binaries():
         raise ClusterUnavailable(f"still missing after install: {missing_binaries()}")
 
@@ -127,16 +130,24 @@ class Cluster:
         then looks for /etc/slurm/slurm.conf, which a real cluster has and this one does not
         write. So the client commands are also wrapped (`<state>/bin`, first on PATH) to set it.
         """
-        return {"SLURM_CONF": str(self.conf),
-                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
+        return {
+            "SLURM_CONF": str(self.conf),
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+        }
 
     @property
     def timeline_path(self) -> Path:
         return self.state / "timeline.log"
 
     def _run(self, *cmd, check=True, timeout=30) -> subprocess.CompletedProcess:
-        return subprocess.run(list(cmd), env={**os.environ, **self.env}, capture_output=True,
-                              text=True, check=check, timeout=timeout)
+        return subprocess.run(
+            list(cmd),
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
 
     # -- configuration ---------------------------------------------------------------------
     def write_config(self) -> None:
@@ -157,8 +168,11 @@ class Cluster:
             gpu_files.append(link)
         self.bin_dir.mkdir(exist_ok=True)
         for name in CLIENTS:
-            path = os.pathsep.join(d for d in os.environ.get("PATH", os.defpath).split(os.pathsep)
-                                   if Path(d).resolve() != self.bin_dir)
+            path = os.pathsep.join(
+                d
+                for d in os.environ.get("PATH", os.defpath).split(os.pathsep)
+                if Path(d).resolve() != self.bin_dir
+            )
             real = shutil.which(name, path=path)
             if real:
                 wrapper = self.bin_dir / name
@@ -171,13 +185,16 @@ class Cluster:
                 "#!/bin/sh\n"
                 f'echo "{event} $(date +%s%N) $SLURM_JOB_ID gpus=${{SLURM_JOB_GPUS:-}}" '
                 f">> {self.timeline_path}\n"
-                "exit 0\n")
+                "exit 0\n"
+            )
             os.chmod(script, 0o755)
         ctld_port, d_port = free_port(), free_port()
         node, socket_path = self.node, s / "munge" / "munge.socket"
         partitions = "\n".join(
             f"PartitionName={p} Nodes={node} Default={'YES' if p == PARTITIONS[0] else 'NO'} "
-            "MaxTime=INFINITE State=UP" for p in PARTITIONS)
+            "MaxTime=INFINITE State=UP"
+            for p in PARTITIONS
+        )
         self.conf.write_text(f"""\
 ClusterName=eaglenest-ci
 SlurmctldHost={node}(127.0.0.1)
@@ -190,8 +207,8 @@ CredType=cred/munge
 AuthInfo=socket={socket_path}
 StateSaveLocation={s}/ctld
 SlurmdSpoolDir={s}/spool
-SlurmctldPidFile={self.pid_files['slurmctld']}
-SlurmdPidFile={self.pid_files['slurmd']}
+SlurmctldPidFile={self.pid_files["slurmctld"]}
+SlurmdPidFile={self.pid_files["slurmd"]}
 SlurmctldLogFile={s}/slurmctld.log
 SlurmdLogFile={s}/slurmd.log
 SlurmctldDebug=info
@@ -221,8 +238,8 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
 {partitions}
 """)
         (s / "gres.conf").write_text(
-            "AutoDetect=off\n"
-            + "".join(f"NodeName={node} Name=gpu File={f}\n" for f in gpu_files))
+            "AutoDetect=off\n" + "".join(f"NodeName={node} Name=gpu File={f}\n" for f in gpu_files)
+        )
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
@@ -231,35 +248,52 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
         ensure_installed()
         mode = stat.S_IMODE(os.stat("/dev/null").st_mode)
         if mode != 0o666:
-            raise ClusterError(f"/dev/null has mode {mode:o}, not 666: munged will not "
-                                     "start (fix with `chmod 666 /dev/null`)")
+            raise ClusterError(
+                f"/dev/null has mode {mode:o}, not 666: munged will not "
+                "start (fix with `chmod 666 /dev/null`)"
+            )
         self.state.mkdir(parents=True, exist_ok=True)
         self.write_config()
         m = self.state / "munge"
-        self._daemon("munged", ["munged", "--force", f"--socket={m / 'munge.socket'}",
-                                f"--key-file={m / 'munge.key'}", f"--log-file={m / 'munged.log'}",
-                                f"--seed-file={m / 'munged.seed'}",
-                                f"--pid-file={self.pid_files['munged']}"])
+        self._daemon(
+            "munged",
+            [
+                "munged",
+                "--force",
+                f"--socket={m / 'munge.socket'}",
+                f"--key-file={m / 'munge.key'}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'munged.seed'}",
+                f"--pid-file={self.pid_files['munged']}",
+            ],
+        )
         self._daemon("slurmctld", ["slurmctld", "-f", str(self.conf)])
         self._daemon("slurmd", ["slurmd", "-f", str(self.conf)])
         self.wait_idle(timeout_s)
 
     def _daemon(self, name: str, cmd: list[str]) -> None:
         pid_file = self.pid_files[name]
-        r = subprocess.run(cmd, env={**os.environ, **self.env}, capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL, timeout=60)
+        r = subprocess.run(
+            cmd,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             pid = _read_pid(pid_file)
             if pid and pid_alive(pid):
                 return
             time.sleep(0.1)
-        raise ClusterError(f"{name} did not start (exit {r.returncode}): "
-                                 f"{(r.stdout + r.stderr)[-1500:]}\n{self.log_tail(name)}")
+        raise ClusterError(
+            f"{name} did not start (exit {r.returncode}): "
+            f"{(r.stdout + r.stderr)[-1500:]}\n{self.log_tail(name)}"
+        )
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = (self.state / "munge" / "munged.log" if name == "munged"
-                else self.state / f"{name}.log")
+        path = self.state / "munge" / "munged.log" if name == "munged" else self.state / f"{name}.log"
         try:
             return f"--- {path}:\n" + "\n".join(path.read_text().splitlines()[-lines:])
         except OSError:
@@ -277,8 +311,10 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
             if state == "idle":
                 return
             time.sleep(0.2)
-        raise ClusterError(f"node not idle after {timeout_s:.0f} s (state {state!r})\n"
-                                 f"{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}")
+        raise ClusterError(
+            f"node not idle after {timeout_s:.0f} s (state {state!r})\n"
+            f"{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}"
+        )
 
     def cancel_all(self, timeout_s: float = 30.0) -> None:
         """Cancel this cluster's jobs and wait until none is left running."""
@@ -287,8 +323,9 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
         self._run("scancel", "--full", "--user", str(os.getuid()), check=False)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            r = self._run("squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING",
-                          "-o", "%i", check=False)
+            r = self._run(
+                "squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i", check=False
+            )
             if r.returncode != 0 or not r.stdout.strip():
                 return
             time.sleep(0.5)

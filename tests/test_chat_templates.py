@@ -31,16 +31,21 @@ def build_tokenizer(family: Family, folder):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=family.special,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=family.special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS * 3, trainer=trainer)
     if family.think_tokens:  # added, not special, as in Qwen3 and DeepSeek
         tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=family.bos, eos_token=family.eos)
     fast.chat_template = family.path.read_text(encoding="utf-8")
     fast.save_pretrained(folder)
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 1024,
-                                                    "hidden_size": 64, "num_hidden_layers": 4}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "llama", "vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 4})
+    )
     return fast
 
 
@@ -57,8 +62,11 @@ def expected_tokens(tokenizer, segments):
     """Ids and mask of the expected render: a token is masked when its first character lies in a
     masked segment."""
     text = "".join(t for t, _ in segments)
-    char_mask = np.concatenate([np.full(len(t), m, dtype=np.uint8) for t, m in segments]) \
-        if text else np.zeros(0, dtype=np.uint8)
+    char_mask = (
+        np.concatenate([np.full(len(t), m, dtype=np.uint8) for t, m in segments])
+        if text
+        else np.zeros(0, dtype=np.uint8)
+    )
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     starts = [s for s, _ in enc["offset_mapping"]]
     return text, np.asarray(enc["input_ids"]), char_mask[starts]
@@ -89,8 +97,16 @@ def run_stage(tmp_path, folder, rows, multi_turn="all"):
     responses = tmp_path / "raw_responses.jsonl"
     responses.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "out"
-    meta = tokenize_responses(responses, folder, 4096, "truncate", out / "data.jsonl", out / "freq.pt",
-                              out / "metadata.json", multi_turn=multi_turn)
+    meta = tokenize_responses(
+        responses,
+        folder,
+        4096,
+        "truncate",
+        out / "data.jsonl",
+        out / "freq.pt",
+        out / "metadata.json",
+        multi_turn=multi_turn,
+    )
     data = {r["id"]: r for r in map(json.loads, (out / "data.jsonl").read_text().splitlines())}
     return meta, data
 
@@ -109,19 +125,27 @@ def test_render_path_masks_every_turn_as_the_template_writes_it(family, tmp_path
         got = np.asarray(row["loss_mask"], dtype=np.uint8)
         if not np.array_equal(got, mask):
             bad = int(np.flatnonzero(got != mask)[0])
-            raise AssertionError(f"{fam.name}/{name}: mask differs at token {bad} "
-                                 f"({tok.decode(ids[max(0, bad - 3):bad + 3])!r}): "
-                                 f"expected {mask[max(0, bad - 3):bad + 3]}, got {got[max(0, bad - 3):bad + 3]}")
+            raise AssertionError(
+                f"{fam.name}/{name}: mask differs at token {bad} "
+                f"({tok.decode(ids[max(0, bad - 3) : bad + 3])!r}): "
+                f"expected {mask[max(0, bad - 3) : bad + 3]}, got {got[max(0, bad - 3) : bad + 3]}"
+            )
         n_turns += len(fates)
         for f in fates:
             if f != "none":
                 fates_seen[f] += 1
-    assert meta["assistant_turns"] == {"total": n_turns, "masked": n_turns, "unmasked": 0,
-                                       "context_by_policy": 0}
+    assert meta["assistant_turns"] == {
+        "total": n_turns,
+        "masked": n_turns,
+        "unmasked": 0,
+        "context_by_policy": 0,
+    }
     assert meta["reasoning"]["assistant_turns_with_reasoning"] == sum(fates_seen.values())
     assert {k: meta["reasoning"][k] for k in fates_seen} == fates_seen
     assert meta["reasoning"]["passed_as"] == fam.passed_as
-    assert meta["samples_in"] + meta["rows_from_expansion"] == meta["samples_out"] + sum(meta["skipped"].values())
+    assert meta["samples_in"] + meta["rows_from_expansion"] == meta["samples_out"] + sum(
+        meta["skipped"].values()
+    )
 
 
 def only_last_turn(segments):
@@ -166,21 +190,34 @@ def test_served_ids_path_trains_earlier_turns_like_the_render_path(family, tmp_p
     the render path does, and every emitted token."""
     fam, tok, folder = family
     # As prompts come from a dataset: earlier turns carry no reasoning.
-    conv = [{k: v for k, v in m.items() if k != "reasoning_content" or i == len(CASES["multi"]) - 1}
-            for i, m in enumerate(CASES["multi"])]
+    conv = [
+        {k: v for k, v in m.items() if k != "reasoning_content" or i == len(CASES["multi"]) - 1}
+        for i, m in enumerate(CASES["multi"])
+    ]
     prompt_text = tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True)
     prompt_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
-    completion_ids = tok("Madrid.", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(fam.eos)]
-    rows = [{"id": "rendered", "messages": conv},
-            {"id": "served", "messages": conv, "prompt_token_ids": prompt_ids,
-             "completion_token_ids": completion_ids}]
+    completion_ids = tok("Madrid.", add_special_tokens=False)["input_ids"] + [
+        tok.convert_tokens_to_ids(fam.eos)
+    ]
+    rows = [
+        {"id": "rendered", "messages": conv},
+        {
+            "id": "served",
+            "messages": conv,
+            "prompt_token_ids": prompt_ids,
+            "completion_token_ids": completion_ids,
+        },
+    ]
     meta, data = run_stage(tmp_path, folder, rows)
     served, rendered = data["served"], data["rendered"]
     assert served["input_ids"] == prompt_ids + completion_ids
-    assert served["loss_mask"][len(prompt_ids):] == [1] * len(completion_ids)
+    assert served["loss_mask"][len(prompt_ids) :] == [1] * len(completion_ids)
     # The earlier turns: the same tokens, the same mask, in both paths.
-    common = next(k for k, (a, b) in enumerate(zip(prompt_ids, rendered["input_ids"])) if a != b) \
-        if prompt_ids != rendered["input_ids"][:len(prompt_ids)] else len(prompt_ids)
+    common = (
+        next(k for k, (a, b) in enumerate(zip(prompt_ids, rendered["input_ids"])) if a != b)
+        if prompt_ids != rendered["input_ids"][: len(prompt_ids)]
+        else len(prompt_ids)
+    )
     earlier = max(k for k, m in enumerate(rendered["loss_mask"][:common]) if not m)  # before the last turn
     assert served["loss_mask"][:earlier] == rendered["loss_mask"][:earlier]
     assert sum(served["loss_mask"][:earlier]) > 0  # the two earlier answers are trained
@@ -197,7 +234,11 @@ def test_reasoning_in_any_input_form_trains_the_same(tmp_path):
     build_tokenizer(fam, folder)
     user = msg("user", "What is 2+2?")
     forms = {
-        "reasoning_content": {"role": "assistant", "content": "It is 4.", "reasoning_content": "Two and two."},
+        "reasoning_content": {
+            "role": "assistant",
+            "content": "It is 4.",
+            "reasoning_content": "Two and two.",
+        },
         "thinking": {"role": "assistant", "content": "It is 4.", "thinking": "Two and two."},
         "reasoning": {"role": "assistant", "content": "It is 4.", "reasoning": "Two and two."},
         "inline": {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\nIt is 4."},

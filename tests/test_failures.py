@@ -48,8 +48,10 @@ def write_jsonl_lines(path: Path, lines: list) -> Path:
 
 
 def reply(rid: str, user: str = "What is two plus two?", answer: str = "Four.") -> dict:
-    return {"id": rid, "messages": [{"role": "user", "content": user},
-                                    {"role": "assistant", "content": answer}]}
+    return {
+        "id": rid,
+        "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,9 @@ def target(tmp_path_factory) -> Path:
     """The tiny Llama target (real tokenizer, chat template, config), built once (~5 s)."""
     from eaglenest.tiny_target import build_tiny_target
 
-    return build_tiny_target(tmp_path_factory.mktemp("tiny") / "target",
-                             [REPO / "data" / "tiny_target" / "corpus.jsonl"])
+    return build_tiny_target(
+        tmp_path_factory.mktemp("tiny") / "target", [REPO / "data" / "tiny_target" / "corpus.jsonl"]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,8 +71,9 @@ def target(tmp_path_factory) -> Path:
 def test_prompts_malformed_jsonl_line(tmp_path):
     from eaglenest.prompts import prepare_prompts
 
-    src = write_jsonl_lines(tmp_path / "src.jsonl",
-                            [{"prompt": "one"}, {"prompt": "two"}, '{"prompt": oops}'])
+    src = write_jsonl_lines(
+        tmp_path / "src.jsonl", [{"prompt": "one"}, {"prompt": "two"}, '{"prompt": oops}']
+    )
     out = tmp_path / "out"
     outputs = [out / "prompts.jsonl", out / "eval_prompts.jsonl", out / "prompts_stats.json"]
     with pytest.raises(EaglenestError) as e:
@@ -91,8 +95,9 @@ def run_tokenize(target, responses, outputs):
 
 
 def test_tokenize_malformed_jsonl_line(tmp_path, target):
-    responses = write_jsonl_lines(tmp_path / "raw_responses.jsonl",
-                                  [reply("a"), reply("b"), '{"id": "c", "messages": [}'])
+    responses = write_jsonl_lines(
+        tmp_path / "raw_responses.jsonl", [reply("a"), reply("b"), '{"id": "c", "messages": [}']
+    )
     outputs = tokenize_outputs(tmp_path)
     with pytest.raises(EaglenestError) as e:
         run_tokenize(target, responses, outputs)
@@ -105,16 +110,25 @@ def test_tokenize_malformed_jsonl_line(tmp_path, target):
 # 2. Bad conversations: tokenize
 
 
-@pytest.mark.parametrize("messages, problem", [
-    ([], "empty conversation"),
-    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-     "no assistant turn"),
-    ([{"role": "user", "content": "Hi"}, {"role": "robot", "content": "Beep."}],
-     "message 1 has unknown role 'robot'"),
-], ids=["empty", "no_assistant", "unknown_role"])
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([], "empty conversation"),
+        (
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            "no assistant turn",
+        ),
+        (
+            [{"role": "user", "content": "Hi"}, {"role": "robot", "content": "Beep."}],
+            "message 1 has unknown role 'robot'",
+        ),
+    ],
+    ids=["empty", "no_assistant", "unknown_role"],
+)
 def test_tokenize_bad_conversation(tmp_path, target, messages, problem):
-    responses = write_jsonl_lines(tmp_path / "raw_responses.jsonl",
-                                  [reply("good"), {"id": "bad", "messages": messages}])
+    responses = write_jsonl_lines(
+        tmp_path / "raw_responses.jsonl", [reply("good"), {"id": "bad", "messages": messages}]
+    )
     outputs = tokenize_outputs(tmp_path)
     with pytest.raises(EaglenestError) as e:
         run_tokenize(target, responses, outputs)
@@ -133,8 +147,7 @@ def test_tokenize_served_token_id_outside_vocab(tmp_path, target):
     tok = load_tokenizer(target)
     vocab = read_shape(target).vocab_size
     row = reply("served")
-    prompt = tok.apply_chat_template(row["messages"][:-1], tokenize=False,
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
     row["prompt_token_ids"] = tok(prompt, add_special_tokens=False)["input_ids"]
     bad_id = vocab + 7
     row["completion_token_ids"] = [5, bad_id, tok.convert_tokens_to_ids("<|im_end|>")]
@@ -153,8 +166,14 @@ def vocab_paths(tmp_path: Path):
 
     out = tmp_path / "vocab"
     paths = MappingPaths.in_dir(out, coverage_plot=out / "vocab_coverage.png")
-    return paths, [paths.t2d_pt, paths.d2t_pt, paths.t2d_npy, paths.d2t_npy,
-                   paths.coverage_json, paths.coverage_plot]
+    return paths, [
+        paths.t2d_pt,
+        paths.d2t_pt,
+        paths.t2d_npy,
+        paths.d2t_npy,
+        paths.coverage_json,
+        paths.coverage_plot,
+    ]
 
 
 def run_vocab(tmp_path, target, freq, draft_vocab_size=64):
@@ -203,11 +222,14 @@ def test_vocab_draft_larger_than_target(tmp_path, target):
 # 5. Aux layer ids: duplicates, out of range (function, plan stage, workflow)
 
 
-@pytest.mark.parametrize("ids, problem", [
-    ([2, 2, 5], "aux_layer_ids [2, 2, 5] has duplicates"),
-    ([2, 4, 8], "aux_layer_ids [8] outside the target's layers 0..7"),
-    ([-1, 4, 5], "aux_layer_ids [-1] outside the target's layers 0..7"),
-])
+@pytest.mark.parametrize(
+    "ids, problem",
+    [
+        ([2, 2, 5], "aux_layer_ids [2, 2, 5] has duplicates"),
+        ([2, 4, 8], "aux_layer_ids [8] outside the target's layers 0..7"),
+        ([-1, 4, 5], "aux_layer_ids [-1] outside the target's layers 0..7"),
+    ],
+)
 def test_resolve_aux_layer_ids_rejects(ids, problem):
     from eaglenest.hidden_states import resolve_aux_layer_ids
 
@@ -224,9 +246,16 @@ def test_plan_stage_out_of_range_aux_id(tmp_path, target):
     plan = tmp_path / "hidden_states" / "plan.json"
     plan.parent.mkdir()
     with pytest.raises(EaglenestError) as e:
-        plan_stage(metadata_path=meta, target=str(target), aux_layer_ids=[2, 4, 11],
-                   out_dir=plan.parent, num_shards=2, dtype="bfloat16", disk_margin_gb=0,
-                   plan_path=plan)
+        plan_stage(
+            metadata_path=meta,
+            target=str(target),
+            aux_layer_ids=[2, 4, 11],
+            out_dir=plan.parent,
+            num_shards=2,
+            dtype="bfloat16",
+            disk_margin_gb=0,
+            plan_path=plan,
+        )
     msg = str(e.value)
     assert str(target / "config.json") in msg and "[11] outside the target's layers 0..7" in msg
     assert_absent(plan)
@@ -252,8 +281,9 @@ def dry_run_fails(tmp_path, configfile) -> str:
 
 
 def test_workflow_rejects_duplicate_aux_ids_at_start(tmp_path, target):
-    text = dry_run_fails(tmp_path, workflow_config(
-        tmp_path, target, hidden_states={"aux_layer_ids": [2, 2, 5]}))
+    text = dry_run_fails(
+        tmp_path, workflow_config(tmp_path, target, hidden_states={"aux_layer_ids": [2, 2, 5]})
+    )
     assert "Error validating config file" in text
     assert "[2, 2, 5] has non-unique elements" in text and "aux_layer_ids" in text
     assert not (tmp_path / "results").exists()
@@ -263,8 +293,9 @@ def test_workflow_out_of_range_aux_id_fails_draft_config(tmp_path, target):
     cfg_path = workflow_config(tmp_path, target, hidden_states={"aux_layer_ids": [2, 4, 9]})
     run_dir = tmp_path / default_config()["run_dir"]
     out = run_dir / "draft_config.json"
-    proc = snakemake(tmp_path, cfg_path, "--cores", "1", str(out.relative_to(tmp_path)),
-                     check=False, timeout=300)
+    proc = snakemake(
+        tmp_path, cfg_path, "--cores", "1", str(out.relative_to(tmp_path)), check=False, timeout=300
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text[-3000:]
     problem = f"{target / 'config.json'}: aux_layer_ids [9] outside the target's layers 0..7"
@@ -277,10 +308,14 @@ def test_workflow_out_of_range_aux_id_fails_draft_config(tmp_path, target):
 # 6. Unknown config keys; 7. missing target path
 
 
-@pytest.mark.parametrize("sections, key", [
-    ({"vocab": {"draft_vocab_sise": 5}}, "draft_vocab_sise"),
-    ({"run_dri": "results/typo"}, "run_dri"),
-], ids=["nested", "top_level"])
+@pytest.mark.parametrize(
+    "sections, key",
+    [
+        ({"vocab": {"draft_vocab_sise": 5}}, "draft_vocab_sise"),
+        ({"run_dri": "results/typo"}, "run_dri"),
+    ],
+    ids=["nested", "top_level"],
+)
 def test_workflow_rejects_unknown_config_key(tmp_path, sections, key):
     text = dry_run_fails(tmp_path, workflow_config(tmp_path, **sections))
     assert "Error validating config file" in text
@@ -289,8 +324,9 @@ def test_workflow_rejects_unknown_config_key(tmp_path, sections, key):
 
 
 def test_workflow_rejects_missing_target_path(tmp_path):
-    text = dry_run_fails(tmp_path, workflow_config(
-        tmp_path, target={"path": "./nowhere", "build_tiny": None}))
+    text = dry_run_fails(
+        tmp_path, workflow_config(tmp_path, target={"path": "./nowhere", "build_tiny": None})
+    )
     assert "config target.path: ./nowhere: target path does not exist" in text
     assert not (tmp_path / "results").exists()
 
@@ -335,8 +371,7 @@ def test_server_with_broken_config_fails_with_log_tail(tmp_path, started_pids):
     (model / "config.json").write_text('{"model_type": "llama", "architectures": [\n')
     log = tmp_path / "run" / "server.log"
     with pytest.raises(ServerError) as e:
-        start(ServerSpec(model=str(model), args=CPU_ARGS, env=CPU_ENV), tmp_path / "run", log,
-              timeout_s=240)
+        start(ServerSpec(model=str(model), args=CPU_ARGS, env=CPU_ENV), tmp_path / "run", log, timeout_s=240)
     msg = str(e.value)
     assert isinstance(e.value, EaglenestError)
     assert msg.startswith(f"{log}: vLLM server exited during start-up")
@@ -353,8 +388,7 @@ def test_server_start_timeout_stops_the_server(tmp_path, target, started_pids):
     log = tmp_path / "run" / "server.log"
     t0 = time.monotonic()
     with pytest.raises(ServerError) as e:
-        start(ServerSpec(model=str(target), args=CPU_ARGS, env=CPU_ENV), tmp_path / "run", log,
-              timeout_s=3)
+        start(ServerSpec(model=str(target), args=CPU_ARGS, env=CPU_ENV), tmp_path / "run", log, timeout_s=3)
     assert time.monotonic() - t0 < 60  # stopped by SIGTERM, not a long wait
     msg = str(e.value)
     assert msg.startswith(f"{log}: vLLM server not healthy after 3 s")
@@ -371,23 +405,44 @@ TARGET_VOCAB, DRAFT_VOCAB, HIDDEN, AUX = 16, 4, 8, [2, 4, 5]
 SELECTED = np.array([0, 3, 7, 12])
 
 
-def write_contract_inputs(tmp_path: Path, *, manifest_aux=AUX, t2d_size=TARGET_VOCAB,
-                          d2t=None) -> dict:
+def write_contract_inputs(tmp_path: Path, *, manifest_aux=AUX, t2d_size=TARGET_VOCAB, d2t=None) -> dict:
     """A consistent set of fake stage outputs, with one thing changed by the caller."""
     dcfg = tmp_path / "draft_config.json"
-    dcfg.write_text(json.dumps({
-        "model_type": "llama", "hidden_size": HIDDEN, "vocab_size": TARGET_VOCAB,
-        "eaglenest": {"aux_layer_ids": AUX, "target_num_layers": 8,
-                      "target_vocab_size": TARGET_VOCAB, "draft_vocab_size": DRAFT_VOCAB,
-                      "hidden_size": HIDDEN}}))
+    dcfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": HIDDEN,
+                "vocab_size": TARGET_VOCAB,
+                "eaglenest": {
+                    "aux_layer_ids": AUX,
+                    "target_num_layers": 8,
+                    "target_vocab_size": TARGET_VOCAB,
+                    "draft_vocab_size": DRAFT_VOCAB,
+                    "hidden_size": HIDDEN,
+                },
+            }
+        )
+    )
     shards = []
     for k in range(2):
         shard = tmp_path / "hidden_states" / f"shard_{k}"
         shard.mkdir(parents=True)
         aux = manifest_aux if k == 1 else AUX  # the second shard is the odd one
-        (shard / "manifest.json").write_text(json.dumps(
-            {"rows": [k, k + 1], "samples": 1, "tokens": 10, "hidden_size": HIDDEN,
-             "dtype": "bfloat16", "aux_layer_ids": aux, "shard": k, "num_shards": 2}))
+        (shard / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "rows": [k, k + 1],
+                    "samples": 1,
+                    "tokens": 10,
+                    "hidden_size": HIDDEN,
+                    "dtype": "bfloat16",
+                    "aux_layer_ids": aux,
+                    "shard": k,
+                    "num_shards": 2,
+                }
+            )
+        )
         shards.append(shard)
     t2d = np.zeros(t2d_size, dtype=bool)
     t2d[SELECTED] = True
@@ -399,8 +454,14 @@ def write_contract_inputs(tmp_path: Path, *, manifest_aux=AUX, t2d_size=TARGET_V
     np.save(vocab / "d2t.npy", np.asarray(d2t, dtype=np.int64))
     torch.save(torch.from_numpy(t2d), vocab / "t2d.pt")
     torch.save(torch.from_numpy(np.asarray(d2t, dtype=np.int64)), vocab / "d2t.pt")
-    return {"draft_config": dcfg, "shards": shards, "t2d_npy": vocab / "t2d.npy",
-            "d2t_npy": vocab / "d2t.npy", "t2d_pt": vocab / "t2d.pt", "d2t_pt": vocab / "d2t.pt"}
+    return {
+        "draft_config": dcfg,
+        "shards": shards,
+        "t2d_npy": vocab / "t2d.npy",
+        "d2t_npy": vocab / "d2t.npy",
+        "t2d_pt": vocab / "t2d.pt",
+        "d2t_pt": vocab / "d2t.pt",
+    }
 
 
 def run_train_stage(tmp_path: Path, f: dict) -> None:
@@ -410,11 +471,22 @@ def run_train_stage(tmp_path: Path, f: dict) -> None:
     out = tmp_path / "train"
     outputs = [out / "checkpoint", out / "metrics.json", out / "curves.png"]
     try:
-        train_stage(run_dir=tmp_path / "run", target="unused", shard_dirs=f["shards"],
-                    tokenized_path=tmp_path / "tokenized_data.jsonl", t2d_npy=f["t2d_npy"],
-                    d2t_npy=f["d2t_npy"], draft_config_path=f["draft_config"], hp={}, gpus=1,
-                    device="cpu", out_checkpoint=outputs[0], out_metrics=outputs[1],
-                    out_curves=outputs[2], log_file=tmp_path / "train.log")
+        train_stage(
+            run_dir=tmp_path / "run",
+            target="unused",
+            shard_dirs=f["shards"],
+            tokenized_path=tmp_path / "tokenized_data.jsonl",
+            t2d_npy=f["t2d_npy"],
+            d2t_npy=f["d2t_npy"],
+            draft_config_path=f["draft_config"],
+            hp={},
+            gpus=1,
+            device="cpu",
+            out_checkpoint=outputs[0],
+            out_metrics=outputs[1],
+            out_curves=outputs[2],
+            log_file=tmp_path / "train.log",
+        )
     finally:
         assert_absent(*outputs)
         assert not (tmp_path / "run").exists()
@@ -442,8 +514,10 @@ def test_contract_t2d_of_another_vocab_size(tmp_path):
         run_train_stage(tmp_path, f)
     msg = str(e.value)
     assert msg.startswith(f"{f['t2d_npy']}: ")
-    assert f"t2d covers 32 target ids but {f['draft_config']} says the target vocabulary has " \
-           f"{TARGET_VOCAB}" in msg
+    assert (
+        f"t2d covers 32 target ids but {f['draft_config']} says the target vocabulary has "
+        f"{TARGET_VOCAB}" in msg
+    )
 
 
 def test_contract_d2t_disagrees_with_t2d(tmp_path):
@@ -462,15 +536,22 @@ def write_checkpoint(tmp_path: Path, *, aux=AUX, d2t=None) -> Path:
     ckpt.mkdir()
     t2d = torch.zeros(TARGET_VOCAB, dtype=torch.bool)
     t2d[torch.from_numpy(SELECTED)] = True
-    d2t = torch.as_tensor(SELECTED - np.arange(DRAFT_VOCAB) if d2t is None else d2t,
-                          dtype=torch.int64)
-    save_file({"t2d": t2d, "d2t": d2t, "fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN)},
-              str(ckpt / "model.safetensors"))
-    (ckpt / "config.json").write_text(json.dumps({
-        "speculators_model_type": "eagle3", "eagle_aux_hidden_state_layer_ids": aux,
-        "draft_vocab_size": DRAFT_VOCAB,
-        "transformer_layer_config": {"hidden_size": HIDDEN, "max_position_embeddings": 2048},
-        "speculators_config": {"verifier": {"name_or_path": "x"}}}))
+    d2t = torch.as_tensor(SELECTED - np.arange(DRAFT_VOCAB) if d2t is None else d2t, dtype=torch.int64)
+    save_file(
+        {"t2d": t2d, "d2t": d2t, "fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN)},
+        str(ckpt / "model.safetensors"),
+    )
+    (ckpt / "config.json").write_text(
+        json.dumps(
+            {
+                "speculators_model_type": "eagle3",
+                "eagle_aux_hidden_state_layer_ids": aux,
+                "draft_vocab_size": DRAFT_VOCAB,
+                "transformer_layer_config": {"hidden_size": HIDDEN, "max_position_embeddings": 2048},
+                "speculators_config": {"verifier": {"name_or_path": "x"}},
+            }
+        )
+    )
     return ckpt
 
 
@@ -479,8 +560,15 @@ def run_export(tmp_path: Path, ckpt: Path, f: dict) -> str:
 
     out = tmp_path / "draft"
     with pytest.raises(EaglenestError) as e:
-        export_draft(ckpt, out, t2d_pt=f["t2d_pt"], d2t_pt=f["d2t_pt"],
-                     draft_config_path=f["draft_config"], target="org/target", max_model_len=512)
+        export_draft(
+            ckpt,
+            out,
+            t2d_pt=f["t2d_pt"],
+            d2t_pt=f["d2t_pt"],
+            draft_config_path=f["draft_config"],
+            target="org/target",
+            max_model_len=512,
+        )
     assert_absent(out)
     return str(e.value)
 
@@ -496,8 +584,10 @@ def test_export_checkpoint_aux_ids_differ_from_draft_config(tmp_path):
     f = write_contract_inputs(tmp_path)
     ckpt = write_checkpoint(tmp_path, aux=[3, 4, 5])
     msg = run_export(tmp_path, ckpt, f)
-    assert msg.startswith(f"{ckpt / 'config.json'}: aux layer ids [3, 4, 5] in the checkpoint "
-                          f"differs from [2, 4, 5] in {f['draft_config']}")
+    assert msg.startswith(
+        f"{ckpt / 'config.json'}: aux layer ids [3, 4, 5] in the checkpoint "
+        f"differs from [2, 4, 5] in {f['draft_config']}"
+    )
 
 
 def test_regeneration_does_not_resume_answers_of_a_replaced_target(tmp_path):

@@ -25,11 +25,22 @@ pytestmark = pytest.mark.engine
 
 
 def start_snakemake(workdir: Path, configfile: Path, *targets: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(configfile), "--cores", "2", *targets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(configfile),
+        "--cores",
+        "2",
+        *targets,
+    ]
     log = workdir / f"killed-run-{time.time_ns()}.log"
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     proc.workdir, proc.configfile, proc.log = workdir, configfile, log
     return proc
 
@@ -40,8 +51,9 @@ def kill_when(proc: subprocess.Popen, condition, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError("the run ended before it could be interrupted:\n"
-                                 + Path(proc.log).read_text()[-3000:])
+            raise AssertionError(
+                "the run ended before it could be interrupted:\n" + Path(proc.log).read_text()[-3000:]
+            )
         if condition():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -82,8 +94,7 @@ def small_run(tmp_path_factory):
     cfg["regenerate"]["max_tokens"] = 96
     cfg["train"]["epochs"] = 4
     configfile = write_config(workdir, cfg)
-    return {"workdir": workdir, "cfg": cfg, "configfile": configfile,
-            "run_dir": workdir / cfg["run_dir"]}
+    return {"workdir": workdir, "cfg": cfg, "configfile": configfile, "run_dir": workdir / cfg["run_dir"]}
 
 
 def test_killed_regeneration_resumes_with_only_the_missing_prompts(small_run):
@@ -114,12 +125,17 @@ def test_killed_regeneration_resumes_with_only_the_missing_prompts(small_run):
     assert not any("error" in r for r in rows)
 
 
-def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical(small_run,
-                                                                                 tmp_path):
+def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical(small_run, tmp_path):
     workdir, run_dir, cfg = small_run["workdir"], small_run["run_dir"], small_run["cfg"]
     rd = cfg["run_dir"]
-    snakemake(workdir, small_run["configfile"], "--cores", "2", f"{rd}/hidden_states/plan.json",
-              f"{rd}/vocab/t2d.pt")
+    snakemake(
+        workdir,
+        small_run["configfile"],
+        "--cores",
+        "2",
+        f"{rd}/hidden_states/plan.json",
+        f"{rd}/vocab/t2d.pt",
+    )
     # A twin workdir, extracted without interruption, for comparison.
     twin = tmp_path / "twin"
     shutil.copytree(workdir, twin, symlinks=True)
@@ -127,12 +143,12 @@ def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical
     twin_cfg = write_config(twin, cfg)
 
     shards = [f"{rd}/hidden_states/shard_{k}" for k in range(cfg["hidden_states"]["num_shards"])]
+
     def complete() -> list[str]:
         """Shards Snakemake has recorded as finished (a shard renamed into place an instant
         before the kill is still marked incomplete, and is rightly redone)."""
         marks = workdir / ".snakemake" / "incomplete"
-        pending = {base64.b64decode(m.name).decode() for m in marks.glob("*")} \
-            if marks.exists() else set()
+        pending = {base64.b64decode(m.name).decode() for m in marks.glob("*")} if marks.exists() else set()
         return [s for s in shards if (workdir / s).is_dir() and s not in pending]
 
     proc = start_snakemake(workdir, small_run["configfile"], *shards)
@@ -165,8 +181,7 @@ def test_interrupted_training_continues_from_its_checkpoint(small_run):
         return len(list(train_dir.glob("*/checkpoints/[0-9]*/model.safetensors")))
 
     def epochs_validated() -> int:
-        return sum(len(f.read_text().splitlines())
-                   for f in train_dir.glob("*/epoch_metrics.jsonl"))
+        return sum(len(f.read_text().splitlines()) for f in train_dir.glob("*/epoch_metrics.jsonl"))
 
     # Killed once an epoch is saved and validated (speculators saves before validating; an
     # interrupt in between leaves that epoch out of the curves, see EpochMetricsFile).

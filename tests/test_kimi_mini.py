@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from eaglenest.errors import EaglenestError
-from eaglenest.kimi_mini import (ASSETS, SPECIAL_TOKENS, build_kimi_mini, text_model,
-                                 tokenizer_module)
+from eaglenest.kimi_mini import ASSETS, SPECIAL_TOKENS, build_kimi_mini, text_model, tokenizer_module
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "tiny_target" / "corpus.jsonl"
@@ -53,9 +52,16 @@ def tok(model_dir):
 
 def test_folder_is_laid_out_like_the_hub(model_dir):
     names = {p.name for p in model_dir.iterdir()}
-    assert {"config.json", "generation_config.json", "preprocessor_config.json",
-            "model.safetensors", "tiktoken.model", "tokenization_kimi_mini.py",
-            "tokenizer_config.json", "chat_template.jinja"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "preprocessor_config.json",
+        "model.safetensors",
+        "tiktoken.model",
+        "tokenization_kimi_mini.py",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= names
     # Without tokenizer.json transformers cannot build a fast tokenizer: only the remote code loads.
     assert "tokenizer.json" not in names
     cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
@@ -78,8 +84,12 @@ def test_unicode_round_trips_with_tiktoken_ids(tok, model_dir, text):
     assert tok.decode(ids) == text
     # The transformers wrapper adds nothing to tiktoken's BPE with Kimi's split pattern.
     module = tokenizer_module()
-    enc = tiktoken.Encoding(name="check", pat_str=module.PAT_STR, special_tokens={},
-                            mergeable_ranks=module.load_ranks(model_dir / "tiktoken.model"))
+    enc = tiktoken.Encoding(
+        name="check",
+        pat_str=module.PAT_STR,
+        special_tokens={},
+        mergeable_ranks=module.load_ranks(model_dir / "tiktoken.model"),
+    )
     assert ids == enc.encode_ordinary(text)
 
 
@@ -92,8 +102,9 @@ def test_special_tokens_are_single_ids_after_the_bpe_ranks(tok):
     assert min(ids.values()) == tok.vocab_size  # right after the BPE ranks, as in Kimi
     text = "<|im_user|>user<|im_middle|>hi<|im_end|><think>x</think>"
     encoded = tok(text, add_special_tokens=False).input_ids
-    assert [ids["<|im_user|>"], ids["<|im_middle|>"], ids["<|im_end|>"], ids["<think>"],
-            ids["</think>"]] == [i for i in encoded if i >= tok.vocab_size]
+    assert [ids["<|im_user|>"], ids["<|im_middle|>"], ids["<|im_end|>"], ids["<think>"], ids["</think>"]] == [
+        i for i in encoded if i >= tok.vocab_size
+    ]
     # Like Kimi's tokenizer: no BOS or EOS added, the template alone decides the tokens.
     assert tok("hi").input_ids == tok("hi", add_special_tokens=False).input_ids
     # Role markers disappear from skip_special_tokens decodes; reasoning markers stay for parsers.
@@ -127,7 +138,8 @@ def test_weights_load_losslessly_in_transformers_kimi_k25(model_dir):
     from transformers import Kimi_K25ForConditionalGeneration
 
     model, info = Kimi_K25ForConditionalGeneration.from_pretrained(
-        model_dir, output_loading_info=True, dtype=torch.float32)
+        model_dir, output_loading_info=True, dtype=torch.float32
+    )
     assert not any(info.values()), info
     config = json.loads((model_dir / "config.json").read_text())
     built = text_model(config, seed=0)  # the seeded untrained text model the build exported
@@ -147,21 +159,33 @@ def test_weight_names_are_the_hub_names_vllm_loads(model_dir):
         names = set(f.keys())
     config = json.loads((model_dir / "config.json").read_text())["text_config"]
     moe_layers = range(config["first_k_dense_replace"], NUM_LAYERS)
-    experts = {f"language_model.model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
-               for layer in moe_layers for e in range(config["n_routed_experts"])
-               for proj in ("gate_proj", "up_proj", "down_proj")}
+    experts = {
+        f"language_model.model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+        for layer in moe_layers
+        for e in range(config["n_routed_experts"])
+        for proj in ("gate_proj", "up_proj", "down_proj")
+    }
     assert experts <= names
-    assert {"language_model.model.embed_tokens.weight", "language_model.model.norm.weight",
-            "language_model.lm_head.weight", "vision_tower.encoder.blocks.0.wqkv.weight",
-            "vision_tower.patch_embed.pos_emb.weight", "mm_projector.proj.0.weight",
-            "mm_projector.proj.2.weight", "mm_projector.pre_norm.weight"} <= names
-    allowed = re.compile(r"language_model\.(model\.(embed_tokens|norm|layers\.\d+)\.|lm_head\.)"
-                         r"|vision_tower\.(patch_embed|encoder)\."
-                         r"|mm_projector\.(pre_norm|proj\.[02])\.")
+    assert {
+        "language_model.model.embed_tokens.weight",
+        "language_model.model.norm.weight",
+        "language_model.lm_head.weight",
+        "vision_tower.encoder.blocks.0.wqkv.weight",
+        "vision_tower.patch_embed.pos_emb.weight",
+        "mm_projector.proj.0.weight",
+        "mm_projector.proj.2.weight",
+        "mm_projector.pre_norm.weight",
+    } <= names
+    allowed = re.compile(
+        r"language_model\.(model\.(embed_tokens|norm|layers\.\d+)\.|lm_head\.)"
+        r"|vision_tower\.(patch_embed|encoder)\."
+        r"|mm_projector\.(pre_norm|proj\.[02])\."
+    )
     assert all(allowed.match(n) for n in names), sorted(n for n in names if not allowed.match(n))
     # transformers-internal spellings vLLM would not load
-    assert not any("gate_up_proj" in n or "language_model.model.blocks" in n
-                   or n.startswith("model.") for n in names)
+    assert not any(
+        "gate_up_proj" in n or "language_model.model.blocks" in n or n.startswith("model.") for n in names
+    )
     for layer in moe_layers:
         assert f"language_model.model.layers.{layer}.mlp.gate.e_score_correction_bias" in names
         assert f"language_model.model.layers.{layer}.mlp.shared_experts.down_proj.weight" in names
@@ -172,9 +196,11 @@ def test_chat_template_thinks_like_kimi(tok):
     """Kimi-K2-Thinking's template, unchanged: the generation prompt leaves <think> to the
     model; assistant turns up to the last one without tool calls keep only an empty
     <think></think>; a tool-calling turn after it keeps its reasoning."""
-    conv = [{"role": "user", "content": "What is 2+2?"},
-            {"role": "assistant", "content": "4", "reasoning_content": "add them"},
-            {"role": "user", "content": "And 3+3?"}]
+    conv = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "add them"},
+        {"role": "user", "content": "And 3+3?"},
+    ]
     prompt = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
     # The default system prompt comes first: the provenance header renders nothing.
     assert prompt.startswith("<|im_system|>system<|im_middle|>")
@@ -186,9 +212,20 @@ def test_chat_template_thinks_like_kimi(tok):
     rendered = tok.apply_chat_template(finished, tokenize=False)
     assert rendered.endswith("<|im_assistant|>assistant<|im_middle|><think></think>6<|im_end|>")
 
-    calling = conv + [{"role": "assistant", "content": "", "reasoning_content": "use the tool",
-                       "tool_calls": [{"id": "functions.add:0", "type": "function",
-                                       "function": {"name": "add", "arguments": "{\"a\": 3}"}}]}]
+    calling = conv + [
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "use the tool",
+            "tool_calls": [
+                {
+                    "id": "functions.add:0",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 3}'},
+                }
+            ],
+        }
+    ]
     rendered = tok.apply_chat_template(calling, tokenize=False)
     assert "<think>use the tool</think><|tool_calls_section_begin|><|tool_call_begin|>" in rendered
 

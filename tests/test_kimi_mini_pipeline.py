@@ -42,8 +42,9 @@ def test_the_hub_id_resolves_from_the_cache_for_every_stage(kimi_mini_run):
     commit = (cache / "models--eaglenest-test--kimi-mini" / "refs" / "main").read_text()
     assert record["source"] == "hub" and record["name"] == HUB_ID
     assert record["commit"] == commit
-    assert Path(record["path"]) == (cache / "models--eaglenest-test--kimi-mini" / "snapshots"
-                                    / commit).resolve()
+    assert (
+        Path(record["path"]) == (cache / "models--eaglenest-test--kimi-mini" / "snapshots" / commit).resolve()
+    )
     # The text model's sizes, not the multimodal wrapper's.
     assert record["shape"]["multimodal"]
     assert record["shape"]["architectures"] == ["KimiK25ForConditionalGeneration"]
@@ -79,10 +80,8 @@ def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):
     rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
     assert rows
     for row in rows:
-        text = tok.apply_chat_template(row["messages"][:-1], tokenize=False,
-                                       add_generation_prompt=True)
-        assert tok(text, add_special_tokens=False)["input_ids"] == row["prompt_token_ids"], \
-            row["id"]
+        text = tok.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        assert tok(text, add_special_tokens=False)["input_ids"] == row["prompt_token_ids"], row["id"]
     meta = json.loads((run / "tokenized" / "metadata.json").read_text())
     assert meta["mask_method"]["served_token_ids"] == len(rows)
 
@@ -98,14 +97,14 @@ def test_regeneration_captured_the_reasoning(kimi_mini_run):
     tok = load_tokenizer(load_target(run / "target.json").path, trust_remote_code=True)
     think_end = tok.convert_tokens_to_ids("</think>")
     data = read_jsonl(run / "tokenized" / "tokenized_data.jsonl")
-    masked_think_ends = sum(1 for r in data for t, m in zip(r["input_ids"], r["loss_mask"])
-                            if t == think_end and m)
+    masked_think_ends = sum(
+        1 for r in data for t, m in zip(r["input_ids"], r["loss_mask"]) if t == think_end and m
+    )
     assert masked_think_ends >= 0.5 * len(data)
 
 
 def test_nothing_to_do_after_the_run(kimi_mini_run):
-    proc = snakemake(kimi_mini_run["workdir"], kimi_mini_run["configfile"], "-n",
-                     env=kimi_mini_run["env"])
+    proc = snakemake(kimi_mini_run["workdir"], kimi_mini_run["configfile"], "-n", env=kimi_mini_run["env"])
     assert planned_jobs(proc) == {}
 
 
@@ -124,9 +123,18 @@ def test_a_new_snapshot_revision_reruns_the_target_stages_and_nothing_upstream(k
         assert publish_to_hub_cache(changed, HUB_ID, cache) != old_commit
         proc = snakemake(work, kimi_mini_run["configfile"], "-n", env=kimi_mini_run["env"])
         jobs = planned_jobs(proc)
-        assert {"resolve_target", "regenerate_responses", "tokenize", "build_vocab_mapping",
-                "draft_config", "plan_hidden_states", "extract_hidden_states", "train_draft",
-                "export_draft", "evaluate_acceptance"} <= set(jobs)
+        assert {
+            "resolve_target",
+            "regenerate_responses",
+            "tokenize",
+            "build_vocab_mapping",
+            "draft_config",
+            "plan_hidden_states",
+            "extract_hidden_states",
+            "train_draft",
+            "export_draft",
+            "evaluate_acceptance",
+        } <= set(jobs)
         assert "prepare_prompts" not in jobs and "build_tiny_target" not in jobs
     finally:
         ref.write_text(old_commit)
@@ -139,13 +147,22 @@ def test_plan_states_the_cache_status(kimi_mini_run, capsys, monkeypatch):
     from eaglenest import cli
 
     monkeypatch.chdir(kimi_mini_run["workdir"])
-    commit = (kimi_mini_run["cache"] / "models--eaglenest-test--kimi-mini" / "refs"
-              / "main").read_text()
-    assert cli.main(["plan", "-s", str(Path(__file__).resolve().parents[1] / "Snakefile"),
-                     "--configfile", str(kimi_mini_run["configfile"])]) == 0
+    commit = (kimi_mini_run["cache"] / "models--eaglenest-test--kimi-mini" / "refs" / "main").read_text()
+    assert (
+        cli.main(
+            [
+                "plan",
+                "-s",
+                str(Path(__file__).resolve().parents[1] / "Snakefile"),
+                "--configfile",
+                str(kimi_mini_run["configfile"]),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Nothing to run" in out
-    cache = (kimi_mini_run["workdir"] / kimi_mini_run["config"]["target"]["cache_dir"])
+    cache = kimi_mini_run["workdir"] / kimi_mini_run["config"]["target"]["cache_dir"]
     assert f"Target: eaglenest-test/kimi-mini: cached in {cache} at commit {commit[:12]}" in out
 
 
@@ -156,11 +173,18 @@ def test_the_transformers_backend_refuses_a_multimodal_target_by_name(kimi_mini_
 
     run = kimi_mini_run["run_dir"]
     target = load_target(run / "target.json")
-    with pytest.raises(EaglenestError, match="multimodal .*KimiK25ForConditionalGeneration.*"
-                                             "backend: vllm"):
-        extract_shard_transformers(target.path, run / "tokenized" / "tokenized_data.jsonl",
-                                   tmp_path / "shard_0", num_rows=1, shard=0, num_shards=1,
-                                   aux_layer_ids=[2, 4, 5], dtype="bfloat16", meta={})
+    with pytest.raises(EaglenestError, match="multimodal .*KimiK25ForConditionalGeneration.*backend: vllm"):
+        extract_shard_transformers(
+            target.path,
+            run / "tokenized" / "tokenized_data.jsonl",
+            tmp_path / "shard_0",
+            num_rows=1,
+            shard=0,
+            num_shards=1,
+            aux_layer_ids=[2, 4, 5],
+            dtype="bfloat16",
+            meta={},
+        )
     assert not (tmp_path / "shard_0").exists()
 
 

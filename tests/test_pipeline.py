@@ -25,8 +25,13 @@ def read_jsonl(path):
 def test_run_produces_a_draft_that_beats_the_untrained_one(default_run):
     acc = json.loads((default_run["run_dir"] / "eval" / "acceptance.json").read_text())
     for method in ("no_spec", "ngram", "untrained_draft", "draft"):
-        for key in ("mean_acceptance_length", "acceptance_rate", "per_position_acceptance",
-                    "output_tokens_per_s", "lossless"):
+        for key in (
+            "mean_acceptance_length",
+            "acceptance_rate",
+            "per_position_acceptance",
+            "output_tokens_per_s",
+            "lossless",
+        ):
             assert key in acc[method], (method, key)
     k = default_run["config"]["evaluate"]["num_speculative_tokens"]
     assert len(acc["draft"]["per_position_acceptance"]) == k
@@ -72,8 +77,7 @@ def test_token_freq_counts_exactly_the_loss_masked_tokens(default_run):
     tok = default_run["run_dir"] / "tokenized"
     freq = torch.load(tok / "token_freq.pt", weights_only=True)
     rows = read_jsonl(tok / "tokenized_data.jsonl")
-    masked = np.concatenate([np.asarray(r["input_ids"])[np.asarray(r["loss_mask"]) == 1]
-                             for r in rows])
+    masked = np.concatenate([np.asarray(r["input_ids"])[np.asarray(r["loss_mask"]) == 1] for r in rows])
     assert freq.dtype == torch.int64
     assert np.array_equal(freq.numpy(), np.bincount(masked, minlength=freq.shape[0]))
     meta = json.loads((tok / "metadata.json").read_text())
@@ -93,8 +97,7 @@ def test_shards_hold_the_hidden_states_of_the_tokenized_rows(default_run):
         for i in range(start, stop):
             data = load_file(str(shard / f"hs_{i}.safetensors"))
             assert data["token_ids"].tolist() == rows[i]["input_ids"]
-            assert data["hidden_states"].shape == (len(rows[i]["input_ids"]), 4,
-                                                   plan["hidden_size"])
+            assert data["hidden_states"].shape == (len(rows[i]["input_ids"]), 4, plan["hidden_size"])
             assert data["hidden_states"].dtype == torch.bfloat16
             assert torch.isfinite(data["hidden_states"].float()).all()
             seen += 1
@@ -111,8 +114,13 @@ def test_gpu_jobs_never_overlap_and_cpu_jobs_fill_the_gaps(default_run):
         assert a["end"] <= b["start"], f"{a['rule']} and {b['rule']} overlapped"
     # CPU jobs ran while a GPU job held the GPUs (draft_config beside regeneration,
     # build_vocab_mapping beside extraction): they do not wait for the GPU rules.
-    beside = {c["rule"] for c in jobs if c["rule"] not in GPU_RULES | {"all"}
-              for g in gpu if c["start"] < g["end"] and g["start"] < c["end"]}
+    beside = {
+        c["rule"]
+        for c in jobs
+        if c["rule"] not in GPU_RULES | {"all"}
+        for g in gpu
+        if c["start"] < g["end"] and g["start"] < c["end"]
+    }
     assert beside, "no CPU job ran while a GPU job was running"
 
 
@@ -120,8 +128,9 @@ def test_one_extraction_server_serves_every_shard(default_run):
     server_dir = default_run["run_dir"] / ".eaglenest" / "server"
     starts = [json.loads(line) for line in open(server_dir / "starts.log")]
     # Each start writes its command line into the server log of its spec.
-    commands = [line for log in server_dir.glob("server-*.log") for line in open(log)
-                if line.startswith("$ ")]
+    commands = [
+        line for log in server_dir.glob("server-*.log") for line in open(log) if line.startswith("$ ")
+    ]
     extraction = [c for c in commands if "extract_hidden_states" in c]
     # Four shard jobs, one extraction server; in all: regeneration, extraction and one server
     # per evaluation method (no speculation reuses regeneration's spec, started anew after
@@ -140,18 +149,22 @@ def test_rerun_with_nothing_changed_does_nothing(default_run):
 def test_changing_a_param_reruns_exactly_its_dependents(default_run):
     cfg = json.loads(json.dumps(default_run["config"]))
     cfg["evaluate"]["max_tokens"] += 8
-    proc = snakemake(default_run["workdir"], write_config(default_run["workdir"], cfg, "c1.yaml"),
-                     "-n")
+    proc = snakemake(default_run["workdir"], write_config(default_run["workdir"], cfg, "c1.yaml"), "-n")
     assert set(planned_jobs(proc)) == {"evaluate_acceptance", "run_summary", "all"}
 
     cfg = json.loads(json.dumps(default_run["config"]))
     cfg["vocab"]["draft_vocab_size"] = 256
-    proc = snakemake(default_run["workdir"], write_config(default_run["workdir"], cfg, "c2.yaml"),
-                     "-n")
+    proc = snakemake(default_run["workdir"], write_config(default_run["workdir"], cfg, "c2.yaml"), "-n")
     # A new draft vocabulary retrains, but never re-extracts hidden states or regenerates.
-    assert set(planned_jobs(proc)) == {"build_vocab_mapping", "draft_config", "train_draft",
-                                       "export_draft", "evaluate_acceptance", "run_summary",
-                                       "all"}
+    assert set(planned_jobs(proc)) == {
+        "build_vocab_mapping",
+        "draft_config",
+        "train_draft",
+        "export_draft",
+        "evaluate_acceptance",
+        "run_summary",
+        "all",
+    }
 
 
 def test_deleting_one_shard_rebuilds_that_shard_alone(default_run):
@@ -161,8 +174,10 @@ def test_deleting_one_shard_rebuilds_that_shard_alone(default_run):
     shutil.rmtree(shard)
     try:
         # A missing intermediate does not make the final targets stale: name the shards.
-        shards = [f"{default_run['config']['run_dir']}/hidden_states/shard_{k}"
-                  for k in range(default_run["config"]["hidden_states"]["num_shards"])]
+        shards = [
+            f"{default_run['config']['run_dir']}/hidden_states/shard_{k}"
+            for k in range(default_run["config"]["hidden_states"]["num_shards"])
+        ]
         proc = snakemake(default_run["workdir"], default_run["configfile"], "-n", *shards)
         jobs = planned_jobs(proc)
         assert jobs == {"extract_hidden_states": 1}
@@ -182,8 +197,10 @@ def test_exported_draft_states_its_contract(default_run):
     assert cfg["draft_vocab_size"] == default_run["config"]["vocab"]["draft_vocab_size"]
     for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
         assert isinstance(cfg[flag], bool)
-    assert cfg["transformer_layer_config"]["max_position_embeddings"] >= \
-        default_run["config"]["vllm"]["max_model_len"]
+    assert (
+        cfg["transformer_layer_config"]["max_position_embeddings"]
+        >= default_run["config"]["vllm"]["max_model_len"]
+    )
     weights = load_file(str(run / "draft" / "model.safetensors"))
     assert torch.equal(weights["d2t"], torch.load(run / "vocab" / "d2t.pt", weights_only=True))
 
@@ -206,8 +223,13 @@ def test_report_renders_after_a_run(default_run):
     report = default_run["workdir"] / "report.html"
     snakemake(default_run["workdir"], default_run["configfile"], "--report", str(report))
     html = report.read_text(errors="replace")
-    for item in ("vocab_coverage.png", "train_curves.png", "acceptance.csv",
-                 "per_position_acceptance.png", "run_summary.csv"):
+    for item in (
+        "vocab_coverage.png",
+        "train_curves.png",
+        "acceptance.csv",
+        "per_position_acceptance.png",
+        "run_summary.csv",
+    ):
         assert item in html, item
 
 
@@ -217,15 +239,23 @@ def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run,
     run = default_run["run_dir"]
     plan = json.loads((run / "hidden_states" / "plan.json").read_text())
     num_shards = default_run["config"]["hidden_states"]["num_shards"]
-    extract_shard_transformers(str(run / "target"), run / "tokenized" / "tokenized_data.jsonl",
-                               tmp_path / "shard_0", num_rows=plan["samples"], shard=0,
-                               num_shards=num_shards,
-                               aux_layer_ids=plan["aux_layer_ids"], dtype="bfloat16", meta={})
+    extract_shard_transformers(
+        str(run / "target"),
+        run / "tokenized" / "tokenized_data.jsonl",
+        tmp_path / "shard_0",
+        num_rows=plan["samples"],
+        shard=0,
+        num_shards=num_shards,
+        aux_layer_ids=plan["aux_layer_ids"],
+        dtype="bfloat16",
+        meta={},
+    )
     vllm_files = sorted((run / "hidden_states" / "shard_0").glob("hs_*.safetensors"))
     assert vllm_files
     for f in vllm_files:
         ours, theirs = load_file(str(tmp_path / "shard_0" / f.name)), load_file(str(f))
         assert torch.equal(ours["token_ids"], theirs["token_ids"])
         # Same layers, same slot order (the last is the input of the final norm); both bf16.
-        torch.testing.assert_close(ours["hidden_states"].float(),
-                                   theirs["hidden_states"].float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(
+            ours["hidden_states"].float(), theirs["hidden_states"].float(), atol=2e-2, rtol=2e-2
+        )

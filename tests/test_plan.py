@@ -38,15 +38,21 @@ from eaglenest.snakemake_log import parse_jobs  # noqa: E402
 from conftest import job_timeline  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft",
-             "evaluate_acceptance"]
+GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"]
 
 
 def _copy_workflow(dst: Path) -> Path:
     for name in ("Snakefile",):
         shutil.copy2(REPO / name, dst / name)
-    for name in ("rules", "config", "scripts", "report", "data/prompts", "data/tiny_target",
-                 "profiles/default"):
+    for name in (
+        "rules",
+        "config",
+        "scripts",
+        "report",
+        "data/prompts",
+        "data/tiny_target",
+        "profiles/default",
+    ):
         shutil.copytree(REPO / name, dst / name)
     return dst
 
@@ -61,22 +67,27 @@ def workflow(tmp_path_factory) -> Path:
 
 
 def test_classify_missing_and_upstream():
-    r = classify_reason("Missing output files: a/x.json; Input files updated by another job: "
-                        "a/b.jsonl, a/c.json")
+    r = classify_reason(
+        "Missing output files: a/x.json; Input files updated by another job: a/b.jsonl, a/c.json"
+    )
     assert r == [(MISSING, "a/x.json"), (UPSTREAM, "a/b.jsonl, a/c.json")]
 
 
 def test_classify_code_hash_change_is_changed_code_not_params():
-    r = classify_reason("Params have changed since last execution: Union of exclusive params "
-                        "before and now across all output: before: '4d7df3ae77ab0137' now: "
-                        "'56eec4d6ac4e944b' ")
+    r = classify_reason(
+        "Params have changed since last execution: Union of exclusive params "
+        "before and now across all output: before: '4d7df3ae77ab0137' now: "
+        "'56eec4d6ac4e944b' "
+    )
     assert [c for c, _ in r] == [CODE]
 
 
 def test_classify_params_and_code_together_and_stale_input():
-    r = classify_reason("Updated input files: data/p.jsonl; Params have changed since last "
-                        "execution: Union of exclusive params before and now across all output: "
-                        "before: 16,'aaaaaaaaaaaaaaaa' now: 8,'bbbbbbbbbbbbbbbb' ")
+    r = classify_reason(
+        "Updated input files: data/p.jsonl; Params have changed since last "
+        "execution: Union of exclusive params before and now across all output: "
+        "before: 16,'aaaaaaaaaaaaaaaa' now: 8,'bbbbbbbbbbbbbbbb' "
+    )
     cats = dict(r)
     assert list(cats) == [STALE, CODE, PARAMS]
     assert cats[STALE] == "data/p.jsonl"
@@ -132,7 +143,9 @@ def test_parse_dry_run_and_gpu_order_follow_dependencies_not_print_order():
 
 # The same text as a run's log (eaglenest.snakemake_log, the one parser of Snakemake's output):
 # tokenize finishes, extract fails, regenerate is still running.
-RUN_LOG_TEXT = DRY_RUN_TEXT.replace("Job stats:\n", "") + """\
+RUN_LOG_TEXT = (
+    DRY_RUN_TEXT.replace("Job stats:\n", "")
+    + """\
 [Sun Nov 29 10:54:58 2026]
 Finished jobid: 3 (Rule: tokenize)
 [Sun Nov 29 10:55:01 2026]
@@ -141,15 +154,24 @@ Error in rule extract:
     jobid: 5
     output: r/shard_1
 """
+)
 
 
 def test_log_parser_reads_ends_and_failures():
     stamp = datetime(2026, 11, 29, 10, 54, 50)
     tok, ext, regen, all_ = parse_jobs(RUN_LOG_TEXT)
     assert (tok.jobid, tok.start, tok.end, tok.status) == (
-        3, stamp, datetime(2026, 11, 29, 10, 54, 58), "finished")
+        3,
+        stamp,
+        datetime(2026, 11, 29, 10, 54, 58),
+        "finished",
+    )
     assert (ext.jobid, ext.end, ext.status, ext.resources["gpu"]) == (
-        5, datetime(2026, 11, 29, 10, 55, 1), "failed", "8")
+        5,
+        datetime(2026, 11, 29, 10, 55, 1),
+        "failed",
+        "8",
+    )
     assert (regen.end, regen.status) == (None, "running")
     assert (all_.rule, all_.outputs, all_.inputs) == ("all", [], ["r/shard_1"])
     assert [j.rule for j in parse_dry_run(RUN_LOG_TEXT)] == ["tokenize", "extract", "regenerate"]
@@ -175,10 +197,19 @@ def test_fresh_default_plan(workflow, monkeypatch, capsys):
     assert time.perf_counter() - started < 30
     assert not (workflow / "results").exists()  # a dry run writes nothing
     rules = [s["rule"] for s in plan["stages"]]
-    assert set(rules) >= {"build_tiny_target", "prepare_prompts", "draft_config",
-                          "regenerate_responses", "tokenize", "build_vocab_mapping",
-                          "plan_hidden_states", "extract_hidden_states", "train_draft",
-                          "export_draft", "evaluate_acceptance"}
+    assert set(rules) >= {
+        "build_tiny_target",
+        "prepare_prompts",
+        "draft_config",
+        "regenerate_responses",
+        "tokenize",
+        "build_vocab_mapping",
+        "plan_hidden_states",
+        "extract_hidden_states",
+        "train_draft",
+        "export_draft",
+        "evaluate_acceptance",
+    }
     assert rules.index("tokenize") < rules.index("extract_hidden_states") < rules.index("train_draft")
     assert all(s["why"] == MISSING for s in plan["stages"])
     assert [s["rule"] for s in plan["gpu_order"]] == GPU_ORDER
@@ -217,8 +248,13 @@ def test_kimi_plan_is_offline_and_estimates_from_config(workflow, monkeypatch, c
 def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):
     # Run the one cheap stage for real, so Snakemake has metadata and outputs to compare with.
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "results/default/prompts/prompts.jsonl",
-                           "--cores", "1"], cwd=workflow, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "results/default/prompts/prompts.jsonl", "--cores", "1"],
+        cwd=workflow,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = make_plan(cwd=workflow)
     stages = {s["rule"]: s for s in plan["stages"]}
@@ -255,11 +291,13 @@ def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):
 def test_estimate_uses_measured_tokens_when_tokenized_data_stays(tmp_path):
     run = tmp_path / "results/x"
     (run / "tokenized").mkdir(parents=True)
-    (run / "tokenized/metadata.json").write_text(json.dumps({"tokens_total": 1000,
-                                                              "samples_out": 7}))
-    cfg = {"run_dir": "results/x", "target": {"path": "org/model", "hidden_size": 64},
-           "hidden_states": {"dtype": "float32", "num_shards": 2},
-           "prompts": {"sources": [{"name": "h", "type": "hf"}], "eval_samples": 1}}
+    (run / "tokenized/metadata.json").write_text(json.dumps({"tokens_total": 1000, "samples_out": 7}))
+    cfg = {
+        "run_dir": "results/x",
+        "target": {"path": "org/model", "hidden_size": 64},
+        "hidden_states": {"dtype": "float32", "num_shards": 2},
+        "prompts": {"sources": [{"name": "h", "type": "hf"}], "eval_samples": 1},
+    }
     hs = estimate_hidden_states(cfg, tmp_path)
     assert hs["bytes"] == 1000 * 4 * 64 * 4 and hs["basis"].startswith("measured")
     hs = estimate_hidden_states(cfg, tmp_path, rebuilding={"tokenize"})
@@ -293,9 +331,14 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     # The same id once it is in the cache: its commit and size, and nothing to download.
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(
-        {"model_type": "kimi_k25", "text_config": {"vocab_size": 163840, "hidden_size": 7168,
-                                                   "num_hidden_layers": 61}}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "kimi_k25",
+                "text_config": {"vocab_size": 163840, "hidden_size": 7168, "num_hidden_layers": 61},
+            }
+        )
+    )
     (model / "model.safetensors").write_bytes(b"\0" * 1000)
     cache = tmp_path / "hub"
     commit = publish_to_hub_cache(model, "moonshotai/Kimi-K2.5", cache)
@@ -305,8 +348,7 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     assert "download_target" not in out
 
 
-def test_a_built_llama_target_is_a_folder_even_where_its_path_looks_like_a_hub_id(workflow,
-                                                                                 tmp_path):
+def test_a_built_llama_target_is_a_folder_even_where_its_path_looks_like_a_hub_id(workflow, tmp_path):
     """`run/target` has the shape of 'org/name': the tiny Llama is still built into that folder
     (and the Kimi miniature, which is published into the hub cache, needs a real hub id)."""
     cfg = yaml.safe_load((workflow / "config" / "config.yaml").read_text())
@@ -314,8 +356,13 @@ def test_a_built_llama_target_is_a_folder_even_where_its_path_looks_like_a_hub_i
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
-                          cwd=workflow, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
+        cwd=workflow,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "output: run/target/config.json" in proc.stdout
     assert "models--" not in proc.stdout
@@ -323,8 +370,14 @@ def test_a_built_llama_target_is_a_folder_even_where_its_path_looks_like_a_hub_i
     cfg["target"]["build_tiny"]["architecture"] = "kimi_k25"
     cfg["target"]["path"] = "run/models/kimi"
     config.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
-                          cwd=workflow, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
+        cwd=workflow,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
-    assert "run/models/kimi: the kimi_k25 miniature is published into the hub cache" in \
-        proc.stdout + proc.stderr
+    assert (
+        "run/models/kimi: the kimi_k25 miniature is published into the hub cache" in proc.stdout + proc.stderr
+    )

@@ -32,8 +32,9 @@ def read_jsonl(path):
 
 def run(tmp_path, sources, eval_samples=0, seed=0, out="out"):
     o = tmp_path / out
-    stats = prepare_prompts(sources, eval_samples, seed,
-                            o / "prompts.jsonl", o / "eval_prompts.jsonl", o / "prompts_stats.json")
+    stats = prepare_prompts(
+        sources, eval_samples, seed, o / "prompts.jsonl", o / "eval_prompts.jsonl", o / "prompts_stats.json"
+    )
     return stats, read_jsonl(o / "prompts.jsonl"), read_jsonl(o / "eval_prompts.jsonl")
 
 
@@ -45,13 +46,15 @@ def plain(n, prefix="q"):
 
 
 def test_messages_schema_keeps_history_and_drops_trailing_reply():
-    row = {"messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello!"},
-        {"role": "user", "content": "  What is 2+2?  "},
-        {"role": "assistant", "content": "4"},
-    ]}
+    row = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "  What is 2+2?  "},
+            {"role": "assistant", "content": "4"},
+        ]
+    }
     assert normalise_row(row) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
@@ -61,17 +64,20 @@ def test_messages_schema_keeps_history_and_drops_trailing_reply():
 
 
 def test_sharegpt_schema_maps_roles():
-    row = {"id": "x", "conversations": [
-        {"from": "system", "value": "sys"},
-        {"from": "human", "value": "a"},
-        {"from": "gpt", "value": "b"},
-        {"from": "user", "value": "c"},
-        {"from": "chatgpt", "value": "d"},
-        {"from": "Human", "value": "e"},
-        {"from": "bard", "value": "f"},
-        {"from": "bing", "value": "g"},
-        {"from": "assistant", "value": "h"},
-    ]}
+    row = {
+        "id": "x",
+        "conversations": [
+            {"from": "system", "value": "sys"},
+            {"from": "human", "value": "a"},
+            {"from": "gpt", "value": "b"},
+            {"from": "user", "value": "c"},
+            {"from": "chatgpt", "value": "d"},
+            {"from": "Human", "value": "e"},
+            {"from": "bard", "value": "f"},
+            {"from": "bing", "value": "g"},
+            {"from": "assistant", "value": "h"},
+        ],
+    }
     roles = [t["role"] for t in normalise_row(row)]
     assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
 
@@ -90,8 +96,13 @@ def test_empty_system_turn_is_removed_not_dropped():
 def test_output_schema(tmp_path):
     src = write_jsonl(tmp_path / "a.jsonl", [{"prompt": "hello"}])
     stats, train, ev = run(tmp_path, [{"name": "a", "type": "jsonl", "path": src}])
-    assert train == [{"id": prompt_id([{"role": "user", "content": "hello"}]), "source": "a",
-                      "messages": [{"role": "user", "content": "hello"}]}]
+    assert train == [
+        {
+            "id": prompt_id([{"role": "user", "content": "hello"}]),
+            "source": "a",
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    ]
     assert ev == [] and stats["train"] == 1 and stats["eval"] == 0
 
 
@@ -102,33 +113,43 @@ def test_each_drop_reason_counted(tmp_path):
     good = {"prompt": "fine"}
     rows = [
         good,
-        {"messages": []},                                                  # empty_conversation
-        {"conversations": []},                                             # empty_conversation
-        {"messages": [{"role": "assistant", "content": "only me"}]},       # no_user_turn
-        {"messages": [{"role": "system", "content": "s"}]},                # no_user_turn
-        {"messages": [{"role": "user", "content": "   "}]},                # empty_content
-        {"prompt": ""},                                                    # empty_content
-        {"messages": [{"role": "user", "content": ""},
-                      {"role": "assistant", "content": "x"},
-                      {"role": "user", "content": "y"}]},                  # empty_content
-        {"messages": [{"role": "tool", "content": "x"}]},                  # unknown_role
-        {"conversations": [{"from": "robot", "value": "x"}]},              # unknown_role
-        {"messages": [{"role": "user", "content": 5}]},                    # malformed
-        {"messages": [{"role": "user"}]},                                  # malformed
-        {"messages": [{"content": "no role"}]},                            # malformed
-        {"messages": "not a list"},                                        # malformed
-        {"messages": ["not a dict"]},                                      # malformed
-        {"conversations": [{"role": "user", "content": "wrong keys"}]},    # malformed
-        {"prompt": ["x"]},                                                 # malformed
-        {"text": "no known field"},                                        # malformed
-        {"prompt": "fine"},                                                # duplicate
-        {"messages": [{"role": "user", "content": " fine "}]},             # duplicate
+        {"messages": []},  # empty_conversation
+        {"conversations": []},  # empty_conversation
+        {"messages": [{"role": "assistant", "content": "only me"}]},  # no_user_turn
+        {"messages": [{"role": "system", "content": "s"}]},  # no_user_turn
+        {"messages": [{"role": "user", "content": "   "}]},  # empty_content
+        {"prompt": ""},  # empty_content
+        {
+            "messages": [
+                {"role": "user", "content": ""},
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "y"},
+            ]
+        },  # empty_content
+        {"messages": [{"role": "tool", "content": "x"}]},  # unknown_role
+        {"conversations": [{"from": "robot", "value": "x"}]},  # unknown_role
+        {"messages": [{"role": "user", "content": 5}]},  # malformed
+        {"messages": [{"role": "user"}]},  # malformed
+        {"messages": [{"content": "no role"}]},  # malformed
+        {"messages": "not a list"},  # malformed
+        {"messages": ["not a dict"]},  # malformed
+        {"conversations": [{"role": "user", "content": "wrong keys"}]},  # malformed
+        {"prompt": ["x"]},  # malformed
+        {"text": "no known field"},  # malformed
+        {"prompt": "fine"},  # duplicate
+        {"messages": [{"role": "user", "content": " fine "}]},  # duplicate
     ]
     src = write_jsonl(tmp_path / "a.jsonl", rows)
     stats, train, _ = run(tmp_path, [{"name": "a", "type": "jsonl", "path": src}])
     assert len(train) == 1
-    expected = {"empty_conversation": 2, "no_user_turn": 2, "empty_content": 3,
-                "unknown_role": 2, "malformed": 8, "duplicate": 2}
+    expected = {
+        "empty_conversation": 2,
+        "no_user_turn": 2,
+        "empty_content": 3,
+        "unknown_role": 2,
+        "malformed": 8,
+        "duplicate": 2,
+    }
     assert set(expected) == set(DROP_REASONS)
     assert stats["dropped"] == {k: expected[k] for k in DROP_REASONS}
     s = stats["sources"]["a"]
@@ -149,14 +170,21 @@ def test_unknown_role_message():
 
 def test_dedupe_across_sources_first_kept(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": "same"}, {"prompt": "only a"}])
-    b = write_jsonl(tmp_path / "b.jsonl", [
-        {"conversations": [{"from": "human", "value": "same"}, {"from": "gpt", "value": "r"}]},
-        {"prompt": "only b"},
-    ])
-    stats, train, _ = run(tmp_path, [{"name": "a", "type": "jsonl", "path": a},
-                                     {"name": "b", "type": "jsonl", "path": b}])
+    b = write_jsonl(
+        tmp_path / "b.jsonl",
+        [
+            {"conversations": [{"from": "human", "value": "same"}, {"from": "gpt", "value": "r"}]},
+            {"prompt": "only b"},
+        ],
+    )
+    stats, train, _ = run(
+        tmp_path, [{"name": "a", "type": "jsonl", "path": a}, {"name": "b", "type": "jsonl", "path": b}]
+    )
     assert [(r["source"], r["messages"][-1]["content"]) for r in train] == [
-        ("a", "same"), ("a", "only a"), ("b", "only b")]
+        ("a", "same"),
+        ("a", "only a"),
+        ("b", "only b"),
+    ]
     assert stats["sources"]["b"]["dropped"]["duplicate"] == 1
     assert stats["sources"]["a"]["dropped"]["duplicate"] == 0
     assert len({r["id"] for r in train}) == len(train)
@@ -173,16 +201,17 @@ def test_ids_stable_across_runs_and_formats(tmp_path):
     _, t2, e2 = run(tmp_path, sources, eval_samples=5, out="o2")
     assert (t1, e1) == (t2, e2)
     # same prompt from a different schema gets the same id
-    assert prompt_id(normalise_row({"conversations": [{"from": "human", "value": "q 0?"}]})) == \
-        next(r["id"] for r in t1 + e1 if r["messages"][0]["content"] == "q 0?")
+    assert prompt_id(normalise_row({"conversations": [{"from": "human", "value": "q 0?"}]})) == next(
+        r["id"] for r in t1 + e1 if r["messages"][0]["content"] == "q 0?"
+    )
 
 
 def test_ids_stable_in_a_fresh_interpreter():
-    code = ("from eaglenest.prompts import prompt_id;"
-            "print(prompt_id([{'role': 'user', 'content': 'héllo'}]))")
+    code = "from eaglenest.prompts import prompt_id;print(prompt_id([{'role': 'user', 'content': 'héllo'}]))"
     env = dict(os.environ, PYTHONHASHSEED="123")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env=env, check=True).stdout.strip()
+    other = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
     assert other == prompt_id([{"role": "user", "content": "héllo"}])
 
 
@@ -193,11 +222,16 @@ def test_sampling_counts_and_short_source(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", plain(50, "a"))
     b = write_jsonl(tmp_path / "b.jsonl", plain(4, "b"))
     c = write_jsonl(tmp_path / "c.jsonl", plain(7, "c"))
-    stats, train, ev = run(tmp_path, [
-        {"name": "a", "type": "jsonl", "path": a, "samples": 10},
-        {"name": "b", "type": "jsonl", "path": b, "samples": 9},
-        {"name": "c", "type": "jsonl", "path": c, "samples": None},
-    ], eval_samples=3, seed=1)
+    stats, train, ev = run(
+        tmp_path,
+        [
+            {"name": "a", "type": "jsonl", "path": a, "samples": 10},
+            {"name": "b", "type": "jsonl", "path": b, "samples": 9},
+            {"name": "c", "type": "jsonl", "path": c, "samples": None},
+        ],
+        eval_samples=3,
+        seed=1,
+    )
     sa, sb, sc = (stats["sources"][k] for k in "abc")
     assert (sa["usable"], sa["requested"], sa["kept"], sa["short"]) == (50, 10, 10, False)
     assert (sb["usable"], sb["requested"], sb["kept"], sb["short"]) == (4, 9, 4, True)
@@ -225,7 +259,9 @@ def test_eval_disjoint_from_train_and_deterministic(tmp_path):
     _, _, e3 = run(tmp_path, src, eval_samples=8, seed=6, out="r3")
     assert len(e1) == 8 and len(t1) == 32
     assert not {r["id"] for r in t1} & {r["id"] for r in e1}
-    assert {r["id"] for r in t1} | {r["id"] for r in e1} == {prompt_id([{"role": "user", "content": r["prompt"]}]) for r in plain(40)}
+    assert {r["id"] for r in t1} | {r["id"] for r in e1} == {
+        prompt_id([{"role": "user", "content": r["prompt"]}]) for r in plain(40)
+    }
     assert (t1, e1) == (t2, e2)
     assert e3 != e1
 
@@ -267,8 +303,7 @@ def test_bundled_prompts_are_new_to_the_tiny_target():
     corpus = read_jsonl(REPO / "data" / "tiny_target" / "corpus.jsonl")
     seen = {m["content"].strip().lower() for row in corpus for m in row["messages"]}
     prompts = read_jsonl(BUNDLED_DIR / "default.jsonl")
-    overlap = [r for r in prompts if any(m["content"].strip().lower() in seen
-                                         for m in r["messages"])]
+    overlap = [r for r in prompts if any(m["content"].strip().lower() in seen for m in r["messages"])]
     assert overlap == []
 
 
@@ -282,15 +317,16 @@ def test_parquet_source(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist([
-        {"messages": [{"role": "user", "content": "p1"}, {"role": "assistant", "content": "r"}]},
-        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "p2"}]},
-        {"messages": []},
-        {"messages": None},
-    ])
+    table = pa.Table.from_pylist(
+        [
+            {"messages": [{"role": "user", "content": "p1"}, {"role": "assistant", "content": "r"}]},
+            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "p2"}]},
+            {"messages": []},
+            {"messages": None},
+        ]
+    )
     pq.write_table(table, tmp_path / "p.parquet")
-    stats, train, _ = run(tmp_path, [{"name": "pq", "type": "parquet",
-                                      "path": str(tmp_path / "p.parquet")}])
+    stats, train, _ = run(tmp_path, [{"name": "pq", "type": "parquet", "path": str(tmp_path / "p.parquet")}])
     assert [r["messages"] for r in train] == [
         [{"role": "user", "content": "p1"}],
         [{"role": "system", "content": "s"}, {"role": "user", "content": "p2"}],
@@ -348,10 +384,16 @@ HF_SCRIPT = textwrap.dedent("""
 
 
 def test_hf_source_on_local_datasets_offline(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HOME=str(tmp_path / "hf_home"), HF_DATASETS_CACHE=str(tmp_path / "hf_cache"))
-    proc = subprocess.run([sys.executable, "-c", HF_SCRIPT, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_DATASETS_CACHE=str(tmp_path / "hf_cache"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", HF_SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     stats = out["stats"]
@@ -359,8 +401,7 @@ def test_hf_source_on_local_datasets_offline(tmp_path):
     assert stats["sources"]["uc"]["kept"] == 4 and stats["sources"]["uc"]["type"] == "hf"
     assert stats["train"] == 6 and stats["eval"] == 2
     sg = [r for r in out["rows"] if r["source"] == "sg"]
-    assert all(r["messages"] == [{"role": "user", "content": r["messages"][0]["content"]}]
-               for r in sg)
+    assert all(r["messages"] == [{"role": "user", "content": r["messages"][0]["content"]}] for r in sg)
     for label in ("missing", "hub", "split"):
         assert out[label] is not None and "cannot load Hugging Face dataset" in out[label]
     assert "someone/not-here" in out["hub"]
@@ -379,20 +420,23 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-@pytest.mark.parametrize("sources, match", [
-    ([{"name": "a", "type": "csv", "path": "x.csv"}], "unknown type 'csv'"),
-    ([{"name": "a", "type": "jsonl", "path": "/definitely/not/here.jsonl"}], "does not exist"),
-    ([{"name": "a", "type": "parquet", "path": "/definitely/not/here.parquet"}], "does not exist"),
-    ([{"type": "bundled"}], "name"),
-    ([{"name": "a", "type": "jsonl"}], "needs a 'path'"),
-    ([{"name": "a", "type": "hf"}], "needs a 'dataset'"),
-    ([{"name": "a", "type": "bundled", "samples": 0}], "samples"),
-    ([{"name": "a", "type": "bundled", "samples": "10"}], "samples"),
-    ([{"name": "a", "type": "bundled", "weight": 2}], "'weight' is not supported"),
-    ([{"name": "a", "type": "bundled", "sample": 2}], "unknown key"),
-    ([{"name": "a", "type": "bundled"}, {"name": "a", "type": "bundled"}], "unique"),
-    ([], "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "sources, match",
+    [
+        ([{"name": "a", "type": "csv", "path": "x.csv"}], "unknown type 'csv'"),
+        ([{"name": "a", "type": "jsonl", "path": "/definitely/not/here.jsonl"}], "does not exist"),
+        ([{"name": "a", "type": "parquet", "path": "/definitely/not/here.parquet"}], "does not exist"),
+        ([{"type": "bundled"}], "name"),
+        ([{"name": "a", "type": "jsonl"}], "needs a 'path'"),
+        ([{"name": "a", "type": "hf"}], "needs a 'dataset'"),
+        ([{"name": "a", "type": "bundled", "samples": 0}], "samples"),
+        ([{"name": "a", "type": "bundled", "samples": "10"}], "samples"),
+        ([{"name": "a", "type": "bundled", "weight": 2}], "'weight' is not supported"),
+        ([{"name": "a", "type": "bundled", "sample": 2}], "unknown key"),
+        ([{"name": "a", "type": "bundled"}, {"name": "a", "type": "bundled"}], "unique"),
+        ([], "non-empty list"),
+    ],
+)
 def test_config_and_source_errors_write_nothing(tmp_path, sources, match):
     with pytest.raises(EaglenestError, match=match):
         run(tmp_path, sources, eval_samples=1)
@@ -406,8 +450,10 @@ def test_source_with_no_usable_rows_is_an_error(tmp_path):
     empty.write_text("")
     for path in (bad, str(empty)):
         with pytest.raises(EaglenestError, match="no usable rows") as e:
-            run(tmp_path, [{"name": "g", "type": "jsonl", "path": good},
-                           {"name": "b", "type": "jsonl", "path": path}])
+            run(
+                tmp_path,
+                [{"name": "g", "type": "jsonl", "path": good}, {"name": "b", "type": "jsonl", "path": path}],
+            )
         assert path in str(e.value) and "'b'" in str(e.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
@@ -436,10 +482,12 @@ def test_snakemake_script_adapter(tmp_path):
 
     out = tmp_path / "res"
     snakemake = SimpleNamespace(
-        params=SimpleNamespace(sources=[{"name": "default", "type": "bundled", "samples": 30}],
-                               eval_samples=4, seed=1),
-        output=SimpleNamespace(train=str(out / "prompts.jsonl"), eval=str(out / "eval.jsonl"),
-                               stats=str(out / "stats.json")),
+        params=SimpleNamespace(
+            sources=[{"name": "default", "type": "bundled", "samples": 30}], eval_samples=4, seed=1
+        ),
+        output=SimpleNamespace(
+            train=str(out / "prompts.jsonl"), eval=str(out / "eval.jsonl"), stats=str(out / "stats.json")
+        ),
         log=[str(tmp_path / "log.txt")],
     )
     code = (REPO / "scripts" / "prepare_prompts.py").read_text()

@@ -25,8 +25,9 @@ time.sleep(120)
 
 
 def test_stopping_a_server_waits_for_its_whole_process_group():
-    proc = subprocess.Popen([sys.executable, "-c", LEADER], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LEADER], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     lines = {proc.stdout.readline().strip() for _ in range(2)}
     child = int(next(x for x in lines if x.isdigit()))
     assert set(group_members(proc.pid)) == {proc.pid, child}

@@ -50,9 +50,14 @@ TARGETS = [
     *[f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)],
 ]
 EXPECTED_RULES = {  # rule -> jobs
-    "build_tiny_target": 1, "resolve_target": 1, "prepare_prompts": 1,
-    "regenerate_responses": 1, "draft_config": 1,
-    "tokenize": 1, "plan_hidden_states": 1, "extract_hidden_states": NUM_SHARDS,
+    "build_tiny_target": 1,
+    "resolve_target": 1,
+    "prepare_prompts": 1,
+    "regenerate_responses": 1,
+    "draft_config": 1,
+    "tokenize": 1,
+    "plan_hidden_states": 1,
+    "extract_hidden_states": NUM_SHARDS,
 }
 SLURM_LIMIT_S = 420
 LOCAL_LIMIT_S = 300
@@ -111,21 +116,47 @@ def write_config(workdir: Path) -> Path:
 
 
 def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))
-           and k not in ("EAGLENEST_WORKFLOW_PID", "SNAKEMAKE_PROFILE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))
+        and k not in ("EAGLENEST_WORKFLOW_PID", "SNAKEMAKE_PROFILE")
+    }
     env["HF_HUB_OFFLINE"] = "1"
     return env
 
 
 def snakemake(workdir: Path, args: list[str], env: dict, limit_s: int) -> tuple[str, float]:
     """Run Snakemake from the repository root on `workdir`; SIGINT on timeout (SIGTERM hangs)."""
-    cmd = ["timeout", "-s", "INT", "-k", "60", str(limit_s), sys.executable, "-m", "snakemake",
-           "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(workdir / "config.yaml"), *args, *TARGETS]
+    cmd = [
+        "timeout",
+        "-s",
+        "INT",
+        "-k",
+        "60",
+        str(limit_s),
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+        *args,
+        *TARGETS,
+    ]
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     wall = time.monotonic() - t0
     (workdir / "snakemake.out").write_text(r.stdout)
     if r.returncode != 0:
@@ -134,9 +165,11 @@ def snakemake(workdir: Path, args: list[str], env: dict, limit_s: int) -> tuple[
             logs.append(f"--- {log}\n" + "\n".join(log.read_text().splitlines()[-25:]))
         for log in sorted((workdir / RUN / "logs").rglob("*.log")):
             logs.append(f"--- {log}\n" + "\n".join(log.read_text().splitlines()[-15:]))
-        pytest.fail(f"snakemake exited {r.returncode} after {wall:.0f} s "
-                    f"({'timed out, ' if r.returncode in (124, 130, 137) else ''}{' '.join(cmd)})"
-                    f"\n{r.stdout[-6000:]}\n" + "\n".join(logs)[-12000:])
+        pytest.fail(
+            f"snakemake exited {r.returncode} after {wall:.0f} s "
+            f"({'timed out, ' if r.returncode in (124, 130, 137) else ''}{' '.join(cmd)})"
+            f"\n{r.stdout[-6000:]}\n" + "\n".join(logs)[-12000:]
+        )
     return r.stdout, wall
 
 
@@ -161,9 +194,10 @@ def test_workflow_on_slurm(cluster, short_tmp):
         # The SLURM run: the documented command, plus a short first status check.
         out, slurm_wall = snakemake(
             slurm_dir,
-            ["--workflow-profile", "profiles/slurm",
-             "--slurm-init-seconds-before-status-checks", "2"],
-            {**base_env(), **cluster.env}, SLURM_LIMIT_S)
+            ["--workflow-profile", "profiles/slurm", "--slurm-init-seconds-before-status-checks", "2"],
+            {**base_env(), **cluster.env},
+            SLURM_LIMIT_S,
+        )
         local_out, local_wall = local.result()
     print(f"\nSLURM run: {slurm_wall:.0f} s, local run beside it: {local_wall:.0f} s")
     assert "Using workflow specific profile profiles/slurm" in out
@@ -200,8 +234,10 @@ def test_workflow_on_slurm(cluster, short_tmp):
     t0 = min(j["start"] for j in jobs.values())
     print("job timeline through SLURM (s from the first job's start):")
     for slurm_id, j in sorted(jobs.items(), key=lambda kv: kv[1]["start"]):
-        print(f"  {slurm_id:>3} {j['rule']:<22} {j['start'] - t0:7.1f} {j['end'] - t0:7.1f} "
-              f"{'GPU x8' if j['gpu'] else 'CPU'}")
+        print(
+            f"  {slurm_id:>3} {j['rule']:<22} {j['start'] - t0:7.1f} {j['end'] - t0:7.1f} "
+            f"{'GPU x8' if j['gpu'] else 'CPU'}"
+        )
 
     gpu_jobs = sorted((j for j in jobs.values() if j["gpu"]), key=lambda j: j["start"])
     cpu_jobs = [j for j in jobs.values() if not j["gpu"]]
@@ -219,14 +255,21 @@ def test_workflow_on_slurm(cluster, short_tmp):
 
     # -- the outputs equal the local run's ---------------------------------------------------
     s, l = slurm_dir / RUN, local_dir / RUN
-    for rel in ("prompts/prompts.jsonl", "prompts/eval_prompts.jsonl", "draft_config.json",
-                "target/model.safetensors", "target/tokenizer.json", "target/config.json"):
+    for rel in (
+        "prompts/prompts.jsonl",
+        "prompts/eval_prompts.jsonl",
+        "draft_config.json",
+        "target/model.safetensors",
+        "target/tokenizer.json",
+        "target/config.json",
+    ):
         assert (s / rel).read_bytes() == (l / rel).read_bytes(), f"{rel} differs"
     # Greedy decoding on CPU: the same responses, token ids included.
     rs, rl = (read_jsonl(p / "responses" / "raw_responses.jsonl") for p in (s, l))
     assert {r["id"]: r for r in rs} == {r["id"]: r for r in rl}, "raw_responses.jsonl differs"
-    same_bytes = ((s / "responses/raw_responses.jsonl").read_bytes()
-                  == (l / "responses/raw_responses.jsonl").read_bytes())
+    same_bytes = (s / "responses/raw_responses.jsonl").read_bytes() == (
+        l / "responses/raw_responses.jsonl"
+    ).read_bytes()
     print(f"raw_responses.jsonl: same rows{' and same bytes' if same_bytes else ' (order differs)'}")
     for k in range(NUM_SHARDS):
         ds, dl = s / "hidden_states" / f"shard_{k}", l / "hidden_states" / f"shard_{k}"

@@ -34,9 +34,14 @@ NESTED = {
     "architectures": ["KimiK25ForConditionalGeneration"],
     "vocab_size": 7,
     "hidden_size": 3,
-    "text_config": {"model_type": "kimi_k2", "vocab_size": 1280, "hidden_size": 64,
-                    "num_hidden_layers": 8, "num_attention_heads": 2,
-                    "intermediate_size": 128},
+    "text_config": {
+        "model_type": "kimi_k2",
+        "vocab_size": 1280,
+        "hidden_size": 64,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+    },
     "vision_config": {"hidden_size": 32, "num_hidden_layers": 1},
 }
 
@@ -63,10 +68,8 @@ def test_every_stage_takes_the_vocabulary_from_the_text_model(tmp_path):
     folder = model_folder(tmp_path / "m", NESTED)
     freq = tmp_path / "token_freq.pt"
     torch.save(torch.arange(1280, dtype=torch.int64), freq)
-    cov = build_vocab_mapping(freq, 64, MappingPaths.in_dir(tmp_path / "vocab"),
-                              target_config=folder)
-    dcfg = build_draft_config(folder, tmp_path / "draft_config.json", aux_layer_ids=None,
-                              draft_vocab_size=64)
+    cov = build_vocab_mapping(freq, 64, MappingPaths.in_dir(tmp_path / "vocab"), target_config=folder)
+    dcfg = build_draft_config(folder, tmp_path / "draft_config.json", aux_layer_ids=None, draft_vocab_size=64)
     assert cov["target_vocab_size"] == dcfg["vocab_size"] == 1280
     assert np.load(tmp_path / "vocab" / "t2d.npy").shape == (1280,)
     assert dcfg["hidden_size"] == 64 and dcfg["eaglenest"]["aux_layer_ids"] == [2, 4, 5]
@@ -115,8 +118,11 @@ def test_a_new_revision_resolves_to_its_own_snapshot(tmp_path):
 
 
 def test_a_target_missing_from_the_offline_cache_says_what_to_do(tmp_path):
-    with pytest.raises(EaglenestError, match=r"eaglenest-test/absent.*HF_HUB_OFFLINE is set.*"
-                                             r"hf download eaglenest-test/absent"):
+    with pytest.raises(
+        EaglenestError,
+        match=r"eaglenest-test/absent.*HF_HUB_OFFLINE is set.*"
+        r"hf download eaglenest-test/absent",
+    ):
         resolve_target("eaglenest-test/absent", cache_dir=tmp_path / "hub")
     with pytest.raises(EaglenestError, match="does not exist"):
         resolve_target("./no/such/folder")
@@ -124,9 +130,11 @@ def test_a_target_missing_from_the_offline_cache_says_what_to_do(tmp_path):
 
 def test_an_interrupted_download_is_refused(tmp_path):
     folder = model_folder(tmp_path / "m", NESTED)
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-00001-of-00002.safetensors",
-                        "b": "model-00002-of-00002.safetensors"}}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+        )
+    )
     (folder / "model-00001-of-00002.safetensors").write_bytes(b"\0")
     with pytest.raises(EaglenestError, match="1 weight shards .* missing .*00002-of-00002"):
         resolve_target(str(folder))
@@ -136,8 +144,7 @@ def test_the_record_is_what_every_stage_loads(tmp_path):
     cache = tmp_path / "hub"
     publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
     record = tmp_path / "target.json"
-    resolve_stage(name=REPO_ID, revision=None, cache_dir=cache, trust_remote_code=True,
-                  out_record=record)
+    resolve_stage(name=REPO_ID, revision=None, cache_dir=cache, trust_remote_code=True, out_record=record)
     target = load_target(record)
     assert target.trust_remote_code and target.shape["hidden_size"] == 64
     # The hub cache cleaned since: the record names itself and the step to rerun.
@@ -152,9 +159,11 @@ def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_pat
     """Without trust_remote_code transformers silently builds another tokenizer from Kimi's
     tiktoken.model: refuse at resolve_target, before hours of regeneration."""
     folder = model_folder(tmp_path / "m", NESTED)
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}}))
-    with pytest.raises(EaglenestError, match="tokenizer_config.json: .*remote code.*"
-                                             "target.trust_remote_code: true"):
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}})
+    )
+    with pytest.raises(
+        EaglenestError, match="tokenizer_config.json: .*remote code.*target.trust_remote_code: true"
+    ):
         resolve_target(str(folder))
     assert resolve_target(str(folder), trust_remote_code=True).trust_remote_code

@@ -238,21 +238,34 @@ def test_multi_turn_qwen3_style_breaks_prefix_property(tmp_path, make_target):
 
 def encode(tok, convs, **kw):
     """encode_rows on raw conversations, one row each (policy "all")."""
-    rows = [r for k, c in enumerate(convs)
-            for r in training_rows(str(k), prepare_messages({"id": str(k), "messages": c}), None, "all")]
+    rows = [
+        r
+        for k, c in enumerate(convs)
+        for r in training_rows(str(k), prepare_messages({"id": str(k), "messages": c}), None, "all")
+    ]
     return encode_rows(ChatTurns(tok), rows, **kw)
 
 
 def test_turn_the_template_does_not_write_is_counted_unmasked(tmp_path, make_target):
     """A template that writes a placeholder instead of earlier answers: that turn cannot be
     trained, and says so in the counts; the final turn is masked."""
-    hiding = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
-              "{% if m.role == 'assistant' and not loop.last %}[hidden]{% else %}{{ m.content }}{% endif %}"
-              "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    hiding = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' and not loop.last %}[hidden]{% else %}{{ m.content }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     target = make_target(hiding, think=False)
-    rows = [{"id": "h", "messages": [USER, {"role": "assistant", "content": "four"},
-                                     {"role": "user", "content": "and the fox?"},
-                                     {"role": "assistant", "content": "it jumps"}]}]
+    rows = [
+        {
+            "id": "h",
+            "messages": [
+                USER,
+                {"role": "assistant", "content": "four"},
+                {"role": "user", "content": "and the fox?"},
+                {"role": "assistant", "content": "it jumps"},
+            ],
+        }
+    ]
     meta, data, _ = run(tmp_path, target, rows)
     tok = load_tokenizer(target)
     assert masked_runs(tok, data[0]["input_ids"], data[0]["loss_mask"]) == ["it jumps<|im_end|>"]
@@ -284,7 +297,9 @@ def test_boundary_lookup_matches_offsets_with_multibyte_text(make_target):
         assert r["loss_mask"].sum() > 0
     r = encode(tok, convs[:1])[0]
     masked = tok.decode(r["input_ids"][r["loss_mask"].astype(bool)].tolist())
-    assert masked == "<think>\n\u4e8c\u52a0\u4e8c\n</think>\n\n\u00e9\u00e9 caf\u00e9 \U0001f98a fox<|im_end|>"
+    assert (
+        masked == "<think>\n\u4e8c\u52a0\u4e8c\n</think>\n\n\u00e9\u00e9 caf\u00e9 \U0001f98a fox<|im_end|>"
+    )
 
 
 @pytest.mark.parametrize("template", ["chatml", "qwen3"])
@@ -334,8 +349,13 @@ def test_truncate_counts_and_zero_mask_rows(tmp_path, make_target):
     assert len(data[1]["input_ids"]) == len(data[1]["loss_mask"]) == max_len
     assert sum(data[1]["loss_mask"]) == 5
     assert meta["truncated"] == 1
-    assert meta["skipped"] == {"regeneration_failed": 0, "overlong": 0, "no_assistant_tokens": 1,
-                                  "template_mismatch": 0, "opens_with_assistant": 0}
+    assert meta["skipped"] == {
+        "regeneration_failed": 0,
+        "overlong": 0,
+        "no_assistant_tokens": 1,
+        "template_mismatch": 0,
+        "opens_with_assistant": 0,
+    }
     assert meta["samples_in"] == 3 and meta["samples_out"] == 2
 
 
@@ -460,15 +480,20 @@ def test_snakemake_adapter(tmp_path, make_target):
     out = tmp_path / "out"
     sm = types.SimpleNamespace(
         input=types.SimpleNamespace(responses=str(responses), target=str(record)),
-        params=types.SimpleNamespace(run_dir=str(tmp_path / "run"), max_seq_len=64, overlong="drop",
-                                     multi_turn="all", target_name="t"),
-        output=types.SimpleNamespace(data=str(out / "d.jsonl"), freq=str(out / "f.pt"), metadata=str(out / "m.json")),
+        params=types.SimpleNamespace(
+            run_dir=str(tmp_path / "run"), max_seq_len=64, overlong="drop", multi_turn="all", target_name="t"
+        ),
+        output=types.SimpleNamespace(
+            data=str(out / "d.jsonl"), freq=str(out / "f.pt"), metadata=str(out / "m.json")
+        ),
         log=[str(tmp_path / "log.txt")],
     )
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
     try:
-        runpy.run_path(str(REPO / "scripts" / "tokenize.py"), init_globals={"snakemake": sm}, run_name="__main__")
+        runpy.run_path(
+            str(REPO / "scripts" / "tokenize.py"), init_globals={"snakemake": sm}, run_name="__main__"
+        )
     finally:  # the adapter points root logging at the rule's log file; undo that
         for h in root.handlers:
             if h not in saved[0]:
@@ -490,7 +515,9 @@ def test_tiny_target(tmp_path):
     ])  # fmt: skip
     target = build_tiny_target(tmp_path / "tiny", [prompts], num_layers=8, hidden_size=32,
                                intermediate_size=64, num_heads=2, num_kv_heads=1, vocab_size=600)  # fmt: skip
-    meta, data, out = run(tmp_path, target, [conv("four", "two plus two is four"), conv("hello there", rid="b")])
+    meta, data, out = run(
+        tmp_path, target, [conv("four", "two plus two is four"), conv("hello there", rid="b")]
+    )
     tok = load_tokenizer(target)
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     assert meta["target_vocab_size"] == vocab and meta["tokenizer_vocab_size"] == len(tok)
@@ -510,8 +537,11 @@ def kimi_target(tmp_path_factory):
     character offsets, and Kimi-K2-Thinking's template renders it."""
     from eaglenest.kimi_mini import build_kimi_mini
 
-    return build_kimi_mini(tmp_path_factory.mktemp("kimi") / "model",
-                           [REPO / "data" / "tiny_target" / "corpus.jsonl"], pretrain_steps=0)
+    return build_kimi_mini(
+        tmp_path_factory.mktemp("kimi") / "model",
+        [REPO / "data" / "tiny_target" / "corpus.jsonl"],
+        pretrain_steps=0,
+    )
 
 
 def test_remote_code_tokenizer_masks_every_turn_without_offsets(tmp_path, kimi_target):
@@ -549,11 +579,21 @@ def test_leading_assistant_turn_without_a_header_to_find_is_skipped_by_name(tmp_
     """A template that renders no generation prompt at all gives no header to find: a
     conversation opening with an assistant turn is skipped under its own reason, with its id in
     the log, rather than masked from a guess."""
-    no_prompt = ("{% if add_generation_prompt %}{{ raise_exception('no generation prompt') }}{% endif %}"
-                 "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    no_prompt = (
+        "{% if add_generation_prompt %}{{ raise_exception('no generation prompt') }}{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
     target = make_target(no_prompt, think=False)
-    rows = [{"id": "greeting", "messages": [{"role": "assistant", "content": "hi"}, USER,
-                                            {"role": "assistant", "content": "four"}]}]
+    rows = [
+        {
+            "id": "greeting",
+            "messages": [
+                {"role": "assistant", "content": "hi"},
+                USER,
+                {"role": "assistant", "content": "four"},
+            ],
+        }
+    ]
     with caplog.at_level(logging.WARNING):
         meta, data, _ = run(tmp_path, target, rows)
     assert data == [] and meta["skipped"]["opens_with_assistant"] == 1

@@ -10,8 +10,7 @@ from eaglenest.train import EpochMetricsFile, collect_metrics, plot_curves
 
 def _log_epoch(logger, epoch, train_losses, val_loss):
     for loss in train_losses:
-        logger.info({"train": {"loss": loss, "full_acc_0": loss / 10}, "epoch": epoch,
-                     "lr": 1e-3})
+        logger.info({"train": {"loss": loss, "full_acc_0": loss / 10}, "epoch": epoch, "lr": 1e-3})
     logger.info({"val": {"loss_epoch": val_loss, "full_acc_0_epoch": 0.5}, "epoch": epoch})
 
 
@@ -58,12 +57,30 @@ def test_no_record_yet_is_an_empty_history(tmp_path):
 def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
     from eaglenest.train import trainer_args, trainer_command
 
-    args = trainer_args(target="/models/k", data_dir="d", save_path="s", draft_config="c.json",
-                        d2t_npy="d2t.npy", t2d_npy="t2d.npy", draft_vocab_size=32,
-                        aux_layer_ids=[2, 4, 5], hp={"epochs": 1, "lr": 1e-3,
-                        "optimizer": "adamw", "ttt_steps": 3, "total_seq_len": 64,
-                        "dtype": "float32", "train_data_ratio": 0.9, "num_workers": 0,
-                        "seed": 0}, cpu=False, log_dir="l", trust_remote_code=True)
+    args = trainer_args(
+        target="/models/k",
+        data_dir="d",
+        save_path="s",
+        draft_config="c.json",
+        d2t_npy="d2t.npy",
+        t2d_npy="t2d.npy",
+        draft_vocab_size=32,
+        aux_layer_ids=[2, 4, 5],
+        hp={
+            "epochs": 1,
+            "lr": 1e-3,
+            "optimizer": "adamw",
+            "ttt_steps": 3,
+            "total_seq_len": 64,
+            "dtype": "float32",
+            "train_data_ratio": 0.9,
+            "num_workers": 0,
+            "seed": 0,
+        },
+        cpu=False,
+        log_dir="l",
+        trust_remote_code=True,
+    )
     cmd = trainer_command(args, gpus=8)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
     assert "torch.distributed.run" not in trainer_command(args, gpus=1)

@@ -49,9 +49,7 @@ def _speculators_source(name: str) -> tuple[str, str]:
     spec = importlib.util.find_spec("speculators")  # locating a top-level package runs nothing
     path = Path(spec.submodule_search_locations[0]) / _SPECULATORS_SOURCES[name]
     text = path.read_text()
-    node = next(
-        n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name
-    )
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
     return ast.get_source_segment(text, node), str(path)
 
 
@@ -165,9 +163,7 @@ def test_coverage_report(tmp_path):
     assert cov["total_masked_tokens"] == 21 and cov["distinct_ids_seen"] == 5
     assert cov["always_kept_ids"] == [7]
     assert cov["coverage"] == pytest.approx(17 / 21)  # ids 7, 4, 0, 2
-    assert cov["coverage_at_sizes"] == pytest.approx(
-        {"1": 0.0, "2": 9 / 21, "4": 17 / 21, "8": 1.0}
-    )
+    assert cov["coverage_at_sizes"] == pytest.approx({"1": 0.0, "2": 9 / 21, "4": 17 / 21, "8": 1.0})
 
 
 def test_coverage_curve_matches_rerunning_the_selection():
@@ -175,7 +171,18 @@ def test_coverage_curve_matches_rerunning_the_selection():
     keep = [2047, 11]
     cov = compute_vocab_mapping(counts, 300, keep).coverage
     assert list(cov["coverage_at_sizes"]) == [
-        "2", "4", "8", "16", "32", "64", "128", "256", "300", "512", "1024", "2048"
+        "2",
+        "4",
+        "8",
+        "16",
+        "32",
+        "64",
+        "128",
+        "256",
+        "300",
+        "512",
+        "1024",
+        "2048",
     ]
     total = int(counts.sum())
     for size, share in cov["coverage_at_sizes"].items():
@@ -214,7 +221,9 @@ ERROR_CASES = {
     "keep negative": (_arange, 4, {"always_keep_ids": [-1]}, "always-kept ids [-1]"),
     "too many kept": (_arange, 2, {"always_keep_ids": [1, 2, 3]}, "do not fit"),
     "length vs config": (
-        lambda: torch.arange(20), 4, {"target_config": CFG},
+        lambda: torch.arange(20),
+        4,
+        {"target_config": CFG},
         "length 20 but the target vocabulary size is 16",
     ),
     "length vs size": (lambda: torch.arange(20), 4, {"target_vocab_size": 16}, "length 20"),
@@ -222,7 +231,10 @@ ERROR_CASES = {
     "dict without size": (lambda: {0: 3}, 1, {}, "does not say the target vocabulary size"),
     "dict float ids": (lambda: {0.5: 3}, 1, {"target_vocab_size": 16}, "integer token ids"),
     "dict negative": (
-        lambda: {0: 3, 7: -2}, 1, {"target_vocab_size": 16}, "negative counts (first at ids [7])"
+        lambda: {0: 3, 7: -2},
+        1,
+        {"target_vocab_size": 16},
+        "negative counts (first at ids [7])",
     ),
     "dict float counts": (lambda: {0: 2.5}, 1, {"target_vocab_size": 16}, "non-integral"),
     "not counts": (lambda: [1, 2, 3], 1, {}, "got list"),
@@ -251,8 +263,10 @@ def test_bad_input_names_file_and_writes_nothing(tmp_path, case):
 
 @pytest.mark.parametrize(
     "config, problem",
-    [({"hidden_size": 8}, "vocab_size must be a positive integer"),
-     ({"vocab_size": "big"}, "positive integer")],
+    [
+        ({"hidden_size": 8}, "vocab_size must be a positive integer"),
+        ({"vocab_size": "big"}, "positive integer"),
+    ],
 )
 def test_bad_target_config(tmp_path, config, problem):
     cfg = write_config(tmp_path / "model", config)
@@ -305,9 +319,20 @@ def test_cli_main_end_to_end(tmp_path, capsys):
     freq = save(tmp_path / "tf.pt", zipf_counts(2048, 20_000, seed=4))
     out = tmp_path / "out"
     argv = [
-        "vocab-mapping", "--token-freq", str(freq), "--draft-vocab-size", "256",
-        "--output-dir", str(out), "--target-model", str(model), "--always-keep-ids", "0", "2047",
-        "--plot", str(tmp_path / "coverage.png"),
+        "vocab-mapping",
+        "--token-freq",
+        str(freq),
+        "--draft-vocab-size",
+        "256",
+        "--output-dir",
+        str(out),
+        "--target-model",
+        str(model),
+        "--always-keep-ids",
+        "0",
+        "2047",
+        "--plot",
+        str(tmp_path / "coverage.png"),
     ]
     assert cli.main(argv) == 0
     assert "256 of 2048 ids cover" in capsys.readouterr().out
@@ -320,8 +345,17 @@ def test_cli_main_end_to_end(tmp_path, capsys):
 
 def test_cli_reports_bad_input(tmp_path, capsys):
     freq = save(tmp_path / "tf.pt", torch.arange(16))
-    argv = ["vocab-mapping", "--token-freq", str(freq), "--draft-vocab-size", "32",
-            "--output-dir", str(tmp_path / "out"), "--target-vocab-size", "16"]
+    argv = [
+        "vocab-mapping",
+        "--token-freq",
+        str(freq),
+        "--draft-vocab-size",
+        "32",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--target-vocab-size",
+        "16",
+    ]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert str(freq) in err and "exceeds the target vocabulary size 16" in err
@@ -338,9 +372,22 @@ def test_console_script(tmp_path):
     exe = Path(sys.executable).parent / "eaglenest"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [str(exe), "vocab-mapping", "--token-freq", str(freq), "--draft-vocab-size", "4",
-         "--target-vocab-size", "10", "--output-dir", str(out)],
-        capture_output=True, text=True, env=env, timeout=60,
+        [
+            str(exe),
+            "vocab-mapping",
+            "--token-freq",
+            str(freq),
+            "--draft-vocab-size",
+            "4",
+            "--target-vocab-size",
+            "10",
+            "--output-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     t2d, d2t, _, _ = load_outputs(out)
@@ -351,23 +398,31 @@ def test_console_script(tmp_path):
 def test_snakemake_script(tmp_path):
     from conftest import target_record
 
-    model = write_config(tmp_path / "model", {"text_config": {
-        "vocab_size": 64, "hidden_size": 8, "num_hidden_layers": 8}, "vocab_size": 3})
+    model = write_config(
+        tmp_path / "model",
+        {"text_config": {"vocab_size": 64, "hidden_size": 8, "num_hidden_layers": 8}, "vocab_size": 3},
+    )
     (model / "model.safetensors").write_bytes(b"\0")
     freq = save(tmp_path / "tf.pt", torch.arange(64) % 7)
     out = tmp_path / "results"
-    names = dict(t2d_pt="t2d.pt", d2t_pt="d2t.pt", t2d_npy="t2d.npy", d2t_npy="d2t.npy",
-                 coverage="vocab_coverage.json", coverage_plot="vocab_coverage.png")
+    names = dict(
+        t2d_pt="t2d.pt",
+        d2t_pt="d2t.pt",
+        t2d_npy="t2d.npy",
+        d2t_npy="d2t.npy",
+        coverage="vocab_coverage.json",
+        coverage_plot="vocab_coverage.png",
+    )
     smk = SimpleNamespace(
-        input=SimpleNamespace(token_freq=str(freq),
-                              target=str(target_record(model, tmp_path / "target.json"))),
+        input=SimpleNamespace(
+            token_freq=str(freq), target=str(target_record(model, tmp_path / "target.json"))
+        ),
         params=SimpleNamespace(draft_vocab_size=16, always_keep_ids=[63]),
         output=SimpleNamespace(**{k: str(out / v) for k, v in names.items()}),
         log=[str(tmp_path / "vocab.log")],
     )
     try:
-        runpy.run_path(str(REPO / "scripts" / "build_vocab_mapping.py"),
-                       init_globals={"snakemake": smk})
+        runpy.run_path(str(REPO / "scripts" / "build_vocab_mapping.py"), init_globals={"snakemake": smk})
     finally:
         logging.getLogger().handlers.clear()  # the script points the root logger at its log
     assert sorted(p.name for p in out.iterdir()) == sorted(names.values())
@@ -439,13 +494,10 @@ def test_extracted_reference_is_speculators_own(tmp_path):
     from speculators.train import cli as spec_cli
     from speculators.train import vocab_mapping as spec_vm
 
-    for module, name in [(spec_vm, "build_vocab_mappings_from_distribution"),
-                         (spec_cli, "_load_mappings")]:
+    for module, name in [(spec_vm, "build_vocab_mappings_from_distribution"), (spec_cli, "_load_mappings")]:
         assert inspect.getsource(getattr(module, name)).strip() == _speculators_source(name)[0]
     counts = zipf_counts(4096, 300, seed=1)
     out, _ = run_build(tmp_path, save(tmp_path / "tf.pt", counts), 512)
     d2t, t2d, _ = spec_cli._load_mappings(out / "d2t.npy", out / "t2d.npy", 512)
-    ref_d2t, ref_t2d = spec_vm.build_vocab_mappings_from_distribution(
-        _as_speculators_dict(counts), 512, 4096
-    )
+    ref_d2t, ref_t2d = spec_vm.build_vocab_mappings_from_distribution(_as_speculators_dict(counts), 512, 4096)
     assert torch.equal(d2t, ref_d2t) and torch.equal(t2d, ref_t2d)

@@ -28,16 +28,18 @@ _UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
 _LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
 _CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
 _LEAD = r"[^\r\n\p{L}\p{N}]?"
-PAT_STR = "|".join([
-    r"\p{Han}+",
-    _LEAD + _UPPER + "*" + _LOWER + "+" + _CONTRACTION,
-    _LEAD + _UPPER + "+" + _LOWER + "*" + _CONTRACTION,
-    r"\p{N}{1,3}",
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*",
-    r"\s*[\r\n]+",
-    r"\s+(?!\S)",
-    r"\s+",
-])
+PAT_STR = "|".join(
+    [
+        r"\p{Han}+",
+        _LEAD + _UPPER + "*" + _LOWER + "+" + _CONTRACTION,
+        _LEAD + _UPPER + "+" + _LOWER + "*" + _CONTRACTION,
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
 
 
 def byte_alphabet() -> list[str]:
@@ -70,20 +72,34 @@ class TikTokenTokenizer(PreTrainedTokenizer):
     vocab_files_names = {"vocab_file": "tiktoken.model"}
     model_input_names = ["input_ids", "attention_mask"]
 
-    def __init__(self, vocab_file, bos_token="[BOS]", eos_token="[EOS]", unk_token="[UNK]",
-                 pad_token="[PAD]", clean_up_tokenization_spaces=False, **kwargs):
+    def __init__(
+        self,
+        vocab_file,
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        clean_up_tokenization_spaces=False,
+        **kwargs,
+    ):
         # Set before the base class runs: its __init__ already asks for the vocabulary.
         self.vocab_file = vocab_file
         ranks = load_ranks(vocab_file)
-        self._bpe = tiktoken.Encoding(name="kimi_mini", pat_str=PAT_STR, mergeable_ranks=ranks,
-                                      special_tokens={})
+        self._bpe = tiktoken.Encoding(
+            name="kimi_mini", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens={}
+        )
         alphabet = byte_alphabet()
         self._byte_of_char = {c: b for b, c in enumerate(alphabet)}
         self._id_of = {"".join(alphabet[b] for b in token): rank for token, rank in ranks.items()}
         self._token_of = {rank: token for token, rank in self._id_of.items()}
-        super().__init__(bos_token=bos_token, eos_token=eos_token, unk_token=unk_token,
-                         pad_token=pad_token,
-                         clean_up_tokenization_spaces=clean_up_tokenization_spaces, **kwargs)
+        super().__init__(
+            bos_token=bos_token,
+            eos_token=eos_token,
+            unk_token=unk_token,
+            pad_token=pad_token,
+            clean_up_tokenization_spaces=clean_up_tokenization_spaces,
+            **kwargs,
+        )
 
     @property
     def vocab_size(self) -> int:
