@@ -148,7 +148,7 @@ def profile_plan(snakefile: Path, base_config: Path, num_shards: int, top: int =
             f"and this workflow's code)"
         )
         shown = 0
-        for func, (cc, nc, tt, ct, callers) in rows:
+        for func, (_cc, nc, _tt, ct, _callers) in rows:
             path = func[0]
             if "snakemake" not in path and str(REPO) not in path:
                 continue
@@ -160,7 +160,7 @@ def profile_plan(snakefile: Path, base_config: Path, num_shards: int, top: int =
                 break
         by_self = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:6]
         print(f"{'self s':>12} {'share':>6} {'calls':>10}  function (most time in itself)")
-        for func, (cc, nc, tt, ct, callers) in by_self:
+        for func, (_cc, nc, tt, _ct, _callers) in by_self:
             print(f"{tt:>12.2f} {tt / total:>6.0%} {nc:>10}  {short(func)}")
 
 
@@ -198,7 +198,7 @@ def main() -> None:
     print(
         f"{'shards':>7} {'jobs':>6} {'seconds':>8} {'s/shard':>9} {'CPU s':>7} {'CPU ms/shard above N0':>22}"
     )
-    n0, _, t0, c0 = results[0]
+    n0, _, _t0, c0 = results[0]
     for n, jobs, t, c in results:
         above = f"{(c - c0) / (n - n0) * 1e3:.2f}" if n > n0 else "-"
         print(f"{n:>7} {jobs:>6} {t:>8.2f} {t / n:>9.4f} {c:>7.2f} {above:>22}")

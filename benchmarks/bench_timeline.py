@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import itertools
 import json
 import re
 import time
@@ -316,7 +317,7 @@ def fmt_clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int((t % 1) * 10)}"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", default="results/default")
     parser.add_argument(
@@ -344,10 +345,11 @@ def main() -> None:
         default=list(DEFAULT_GPU_RULES),
         help="GPU rules when the logs do not say (metadata source)",
     )
-    args = parser.parse_args()
-    workdir, run_dir = args.workdir, args.run_dir.rstrip("/")
-    records = read_metadata(workdir, run_dir)
+    return parser.parse_args()
 
+
+def collect_invocations(args, workdir: Path, run_dir: str, records) -> tuple[list[Invocation], str]:
+    """The invocations of the run, from Snakemake's logs or else from its metadata records."""
     invocations: list[Invocation] = []
     if args.source in ("auto", "log"):
         logs = sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log"))
@@ -395,6 +397,10 @@ def main() -> None:
             "failed attempts are not recorded, and records may come from different runs)"
         )
 
+    return invocations, source
+
+
+def report(invocations: list[Invocation], source: str, workdir: Path, run_dir: str) -> None:
     t0 = invocations[0].start
     done = Path(workdir / run_dir / "eval" / "acceptance.json").exists()
     last = invocations[-1]
@@ -418,7 +424,7 @@ def main() -> None:
         union_length([(max(j.start, inv.start), min(j.end or inv.end, inv.end)) for j in inv.jobs if j.gpu])
         for inv in invocations
     )
-    between = sum(max(0.0, b.start - a.end) for a, b in zip(invocations, invocations[1:]))
+    between = sum(max(0.0, b.start - a.end) for a, b in itertools.pairwise(invocations))
     print()
     for inv in invocations:
         print(
@@ -452,6 +458,13 @@ def main() -> None:
         f"GPU jobs delayed by CPU jobs although their inputs were ready: {delayed:.1f}s "
         f"({'none' if delayed == 0 else 'SEE READY-BUT-IDLE above'})"
     )
+
+
+def main() -> None:
+    args = parse_args()
+    workdir, run_dir = args.workdir, args.run_dir.rstrip("/")
+    invocations, source = collect_invocations(args, workdir, run_dir, read_metadata(workdir, run_dir))
+    report(invocations, source, workdir, run_dir)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = REPO / "data" / "prompts" / "default.jsonl"
@@ -69,7 +69,7 @@ def synth_responses(path: Path, size_mb: float, seed: int = 0) -> int:
             if rng.random() < 0.2:
                 messages.append({"role": "system", "content": "You are a helpful assistant."})
             turns = 2 if rng.random() < 0.2 else 1
-            for t in range(turns):
+            for _t in range(turns):
                 messages.append({"role": "user", "content": rng.choice(prompts)})
                 reply = {
                     "role": "assistant",

@@ -17,10 +17,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from eaglenest.vocab import MappingPaths, build_vocab_mapping, compute_vocab_mapping  # noqa: E402
+from eaglenest.vocab import MappingPaths, build_vocab_mapping, compute_vocab_mapping
 
 TARGET_VOCAB, DRAFT_VOCAB, TOKENS = 163_840, 32_000, 20_000_000
 

@@ -370,15 +370,15 @@ class ChatTurns:
 
 
 __all__ = [
-    "ChatTurns",
     "DROPPED_BY_TEMPLATE",
     "DROPPED_UNSUPPORTED",
     "INLINE",
     "NO_REASONING",
-    "OpensWithAssistant",
     "REASONING_FATES",
     "REASONING_FIELDS",
     "RENDERED",
+    "ChatTurns",
+    "OpensWithAssistant",
     "TemplateMismatch",
     "TurnPlace",
     "align_values",

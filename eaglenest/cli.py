@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from eaglenest.errors import EaglenestError
 

@@ -76,8 +76,8 @@ import hashlib
 import json
 import logging
 import random
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, iter_jsonl

@@ -105,24 +105,28 @@ def parse_jobs(text: str) -> list[JobRecord]:
             if job is not None and job.status == "running":
                 job.end, job.status = stamp, "failed"
             continue
-        if block is None:
-            continue
-        if key == "input":
-            block.inputs = split_files(value)
-        elif key == "output":
-            block.outputs = split_files(value)
-        elif key == "jobid":
-            block.jobid = int(value)
-            by_jobid[block.jobid] = block
-        elif key == "wildcards":
-            block.wildcards = value
-        elif key == "reason":
-            block.reason = value
-        elif key == "resources":
-            for item in value.split(", "):
-                k, _, v = item.partition("=")
-                block.resources[k.strip()] = v.strip()
+        if block is not None:
+            _read_field(block, key, value, by_jobid)
     return jobs
+
+
+def _read_field(block: JobRecord, key: str, value: str, by_jobid: dict[int, JobRecord]) -> None:
+    """One ``key: value`` line of a job block."""
+    if key == "input":
+        block.inputs = split_files(value)
+    elif key == "output":
+        block.outputs = split_files(value)
+    elif key == "jobid":
+        block.jobid = int(value)
+        by_jobid[block.jobid] = block
+    elif key == "wildcards":
+        block.wildcards = value
+    elif key == "reason":
+        block.reason = value
+    elif key == "resources":
+        for item in value.split(", "):
+            k, _, v = item.partition("=")
+            block.resources[k.strip()] = v.strip()
 
 
 __all__ = ["GPU_RESOURCES", "JobRecord", "parse_jobs", "parse_stamp", "requests_gpu", "split_files"]

@@ -96,6 +96,33 @@ def _where(rid, recno: int) -> str:
     return f"record {recno} (id {rid!r})" if rid is not None else f"record {recno}"
 
 
+def _message(m, j: int, where: str, path) -> dict:
+    """Message `j` of a row as ``{"role", "content", "reasoning"}`` (reasoning only on assistant
+    turns, from whichever field or inline block carries it)."""
+    if not isinstance(m, dict):
+        raise EaglenestError(f"{where}: message {j} is not an object", path)
+    role = m.get("role")
+    if role not in ROLES:
+        raise EaglenestError(
+            f"{where}: message {j} has unknown role {role!r} (expected one of {', '.join(ROLES)})", path
+        )
+    content = "" if m.get("content") is None else m["content"]
+    if not isinstance(content, str):
+        raise EaglenestError(f"{where}: message {j} content must be a string", path)
+    reasoning = None
+    for field in REASONING_FIELDS:
+        value = m.get(field)
+        if value is not None and not isinstance(value, str):
+            raise EaglenestError(f"{where}: message {j} {field} must be a string or null", path)
+        if value and value.strip() and reasoning is None:
+            reasoning = value
+    if role == "assistant" and reasoning is None:
+        reasoning, content = split_inline_reasoning(content)
+    if role != "assistant" or (reasoning is not None and not reasoning.strip()):
+        reasoning = None
+    return {"role": role, "content": content, "reasoning": reasoning}
+
+
 def prepare_messages(row: dict, path=None, recno: int = 0):
     """Validate one response row and return its conversation as ``{"role", "content",
     "reasoning"}`` messages, or None for a failed request (an ``error`` row with no messages).
@@ -119,34 +146,7 @@ def prepare_messages(row: dict, path=None, recno: int = 0):
     if not messages:
         raise EaglenestError(f"{where}: empty conversation (no messages)", path)
 
-    out = []
-    for j, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise EaglenestError(f"{where}: message {j} is not an object", path)
-        role = m.get("role")
-        if role not in ROLES:
-            raise EaglenestError(
-                f"{where}: message {j} has unknown role {role!r} (expected one of {', '.join(ROLES)})",
-                path,
-            )
-        content = m.get("content")
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise EaglenestError(f"{where}: message {j} content must be a string", path)
-        reasoning = None
-        for field in REASONING_FIELDS:
-            value = m.get(field)
-            if value is not None and not isinstance(value, str):
-                raise EaglenestError(f"{where}: message {j} {field} must be a string or null", path)
-            if value and value.strip() and reasoning is None:
-                reasoning = value
-        if role == "assistant" and reasoning is None:
-            reasoning, content = split_inline_reasoning(content)
-        if role != "assistant" or (reasoning is not None and not reasoning.strip()):
-            reasoning = None
-        out.append({"role": role, "content": content, "reasoning": reasoning})
-
+    out = [_message(m, j, where, path) for j, m in enumerate(messages)]
     if not any(m["role"] == "assistant" for m in out):
         raise EaglenestError(f"{where}: no assistant turn", path)
     if out[-1]["role"] != "assistant":
@@ -522,7 +522,7 @@ def tokenize_responses(
                 ids, mask = kept
                 masked.append(ids[mask.astype(bool)])
                 lines.append(
-                    '{"id":%s,"input_ids":%s,"loss_mask":%s}\n'
+                    '{"id":%s,"input_ids":%s,"loss_mask":%s}\n'  # noqa: UP031 -- braces-free, fast
                     % (json.dumps(row["id"], ensure_ascii=False), _int_list(ids), _bit_list(mask))
                 )
         tally.count_tokens(masked)

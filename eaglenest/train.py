@@ -38,9 +38,9 @@ def patch_for_cpu() -> None:
     4. Resuming loads the checkpoint onto `get_current_device()`, which answers "cuda:0"
        without an accelerator (and then needs pinned memory): load onto "cpu".
     """
-    import torch
     import speculators.train.checkpointer as checkpointer_mod
     import speculators.train.trainer as trainer_mod
+    import torch
 
     if torch.accelerator.current_accelerator() is not None:
         return
@@ -321,12 +321,11 @@ def train_stage(
     `target` is the resolved target (eaglenest.target.Target)."""
     import shutil
 
+    from eaglenest.contracts import check_training_inputs
     from eaglenest.hidden_states import link_training_data
     from eaglenest.io import atomic_path, read_json, write_json
     from eaglenest.server import Lease
     from eaglenest.workflow import resolve_device
-
-    from eaglenest.contracts import check_training_inputs
 
     check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy)
     # Training needs the accelerators the leased server holds.

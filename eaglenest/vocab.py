@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -68,7 +68,7 @@ class MappingPaths:
                 object.__setattr__(self, name, Path(value))
 
     @classmethod
-    def in_dir(cls, out_dir, coverage_plot=None) -> "MappingPaths":
+    def in_dir(cls, out_dir, coverage_plot=None) -> MappingPaths:
         d = Path(out_dir)
         return cls(
             t2d_pt=d / "t2d.pt",

@@ -16,9 +16,9 @@ end-of-turn token.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 REAL = Path(__file__).parent / "data" / "templates" / "real"
 

@@ -336,7 +336,7 @@ NodeName={node} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} 
             pid = _read_pid(self.pid_files["slurmctld"])
             if pid and pid_alive(pid):
                 self.cancel_all()
-        for name, pid_file in self.pid_files.items():
+        for _name, pid_file in self.pid_files.items():
             pid = _read_pid(pid_file)
             if pid:
                 _stop_pid(pid)

@@ -15,8 +15,8 @@ import json
 
 import numpy as np
 import pytest
-
 from chat_families import CASES, FAMILIES, Family, msg
+
 from eaglenest.tokenize import tokenize_responses
 
 CORPUS = [m["content"] + " " + (m.get("reasoning_content") or "") for conv in CASES.values() for m in conv]
@@ -155,7 +155,7 @@ def only_last_turn(segments):
 
 
 def assert_row(tok, fam, name, row, segments):
-    text, ids, mask = expected_tokens(tok, segments)
+    _text, ids, mask = expected_tokens(tok, segments)
     assert row["input_ids"] == ids.tolist(), f"{fam.name}/{name}"
     got = np.asarray(row["loss_mask"], dtype=np.uint8)
     assert got.tolist() == mask.tolist(), f"{fam.name}/{name}: {tok.decode(ids[got.astype(bool)])!r}"

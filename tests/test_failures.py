@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, default_config, snakemake, write_config
+
 from eaglenest.errors import EaglenestError
 from eaglenest.server import group_members
 

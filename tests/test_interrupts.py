@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, default_config, planned_jobs, snakemake, write_config
 
 pytestmark = pytest.mark.engine
@@ -152,7 +151,7 @@ def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical
         return [s for s in shards if (workdir / s).is_dir() and s not in pending]
 
     proc = start_snakemake(workdir, small_run["configfile"], *shards)
-    hs = run_dir / "hidden_states"
+    run_dir / "hidden_states"
     kill_when(proc, lambda: 1 <= len(complete()) < 3)
     wait_servers_gone(run_dir)
     finished = complete()

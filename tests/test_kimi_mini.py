@@ -208,11 +208,12 @@ def test_chat_template_thinks_like_kimi(tok):
     assert "<|im_assistant|>assistant<|im_middle|><think></think>4<|im_end|>" in prompt
     assert "add them" not in prompt
 
-    finished = conv + [{"role": "assistant", "content": "6", "reasoning_content": "again"}]
+    finished = [*conv, {"role": "assistant", "content": "6", "reasoning_content": "again"}]
     rendered = tok.apply_chat_template(finished, tokenize=False)
     assert rendered.endswith("<|im_assistant|>assistant<|im_middle|><think></think>6<|im_end|>")
 
-    calling = conv + [
+    calling = [
+        *conv,
         {
             "role": "assistant",
             "content": "",
@@ -224,7 +225,7 @@ def test_chat_template_thinks_like_kimi(tok):
                     "function": {"name": "add", "arguments": '{"a": 3}'},
                 }
             ],
-        }
+        },
     ]
     rendered = tok.apply_chat_template(calling, tokenize=False)
     assert "<think>use the tool</think><|tool_calls_section_begin|><|tool_call_begin|>" in rendered

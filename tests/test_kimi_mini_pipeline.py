@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import planned_jobs, snakemake
 
 pytestmark = pytest.mark.engine
@@ -173,7 +172,7 @@ def test_the_transformers_backend_refuses_a_multimodal_target_by_name(kimi_mini_
 
     run = kimi_mini_run["run_dir"]
     target = load_target(run / "target.json")
-    with pytest.raises(EaglenestError, match="multimodal .*KimiK25ForConditionalGeneration.*backend: vllm"):
+    with pytest.raises(EaglenestError, match=r"multimodal .*KimiK25ForConditionalGeneration.*backend: vllm"):
         extract_shard_transformers(
             target.path,
             run / "tokenized" / "tokenized_data.jsonl",

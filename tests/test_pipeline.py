@@ -5,15 +5,15 @@ One session-scoped run (tests/conftest.py: `default_run`) feeds every test here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import GPU_RULES, job_timeline, planned_jobs, snakemake, write_config
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.engine
 
@@ -110,7 +110,7 @@ def test_gpu_jobs_never_overlap_and_cpu_jobs_fill_the_gaps(default_run):
     jobs = job_timeline(default_run["log"])
     assert {j["rule"] for j in jobs} >= GPU_RULES
     gpu = sorted((j for j in jobs if j["rule"] in GPU_RULES), key=lambda j: j["start"])
-    for a, b in zip(gpu, gpu[1:]):
+    for a, b in itertools.pairwise(gpu):
         assert a["end"] <= b["start"], f"{a['rule']} and {b['rule']} overlapped"
     # CPU jobs ran while a GPU job held the GPUs (draft_config beside regeneration,
     # build_vocab_mapping beside extraction): they do not wait for the GPU rules.

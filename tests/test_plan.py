@@ -21,8 +21,10 @@ import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from eaglenest import cli  # noqa: E402
-from eaglenest.plan import (  # noqa: E402
+from conftest import job_timeline
+
+from eaglenest import cli
+from eaglenest.plan import (
     CODE,
     MISSING,
     PARAMS,
@@ -34,8 +36,7 @@ from eaglenest.plan import (  # noqa: E402
     make_plan,
     parse_dry_run,
 )
-from eaglenest.snakemake_log import parse_jobs  # noqa: E402
-from conftest import job_timeline  # noqa: E402
+from eaglenest.snakemake_log import parse_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"]

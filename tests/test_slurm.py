@@ -21,6 +21,7 @@ Run: `HF_HUB_OFFLINE=1 .venv/bin/python -m pytest tests/test_slurm.py -q -s`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -34,7 +35,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from slurm_cluster import Cluster, ClusterUnavailable, ensure_installed
 
 pytestmark = [pytest.mark.slurm, pytest.mark.engine]
@@ -241,7 +241,7 @@ def test_workflow_on_slurm(cluster, short_tmp):
 
     gpu_jobs = sorted((j for j in jobs.values() if j["gpu"]), key=lambda j: j["start"])
     cpu_jobs = [j for j in jobs.values() if not j["gpu"]]
-    for a, b in zip(gpu_jobs, gpu_jobs[1:]):
+    for a, b in itertools.pairwise(gpu_jobs):
         assert a["end"] <= b["start"], f"GPU jobs overlapped: {a['rule']} and {b['rule']}"
     assert any(overlap(c, g) for c in cpu_jobs for g in gpu_jobs), "no CPU job ran beside a GPU job"
 
@@ -254,7 +254,7 @@ def test_workflow_on_slurm(cluster, short_tmp):
     assert set(sm_to_slurm) >= set(shard_sm_ids)
 
     # -- the outputs equal the local run's ---------------------------------------------------
-    s, l = slurm_dir / RUN, local_dir / RUN
+    on_slurm, local = slurm_dir / RUN, local_dir / RUN
     for rel in (
         "prompts/prompts.jsonl",
         "prompts/eval_prompts.jsonl",
@@ -263,16 +263,16 @@ def test_workflow_on_slurm(cluster, short_tmp):
         "target/tokenizer.json",
         "target/config.json",
     ):
-        assert (s / rel).read_bytes() == (l / rel).read_bytes(), f"{rel} differs"
+        assert (on_slurm / rel).read_bytes() == (local / rel).read_bytes(), f"{rel} differs"
     # Greedy decoding on CPU: the same responses, token ids included.
-    rs, rl = (read_jsonl(p / "responses" / "raw_responses.jsonl") for p in (s, l))
+    rs, rl = (read_jsonl(p / "responses" / "raw_responses.jsonl") for p in (on_slurm, local))
     assert {r["id"]: r for r in rs} == {r["id"]: r for r in rl}, "raw_responses.jsonl differs"
-    same_bytes = (s / "responses/raw_responses.jsonl").read_bytes() == (
-        l / "responses/raw_responses.jsonl"
+    same_bytes = (on_slurm / "responses/raw_responses.jsonl").read_bytes() == (
+        local / "responses/raw_responses.jsonl"
     ).read_bytes()
     print(f"raw_responses.jsonl: same rows{' and same bytes' if same_bytes else ' (order differs)'}")
     for k in range(NUM_SHARDS):
-        ds, dl = s / "hidden_states" / f"shard_{k}", l / "hidden_states" / f"shard_{k}"
+        ds, dl = on_slurm / "hidden_states" / f"shard_{k}", local / "hidden_states" / f"shard_{k}"
         files = sorted(p.name for p in ds.glob("*.safetensors"))
         assert files and files == sorted(p.name for p in dl.glob("*.safetensors"))
         for name in files:

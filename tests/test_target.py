@@ -136,7 +136,7 @@ def test_an_interrupted_download_is_refused(tmp_path):
         )
     )
     (folder / "model-00001-of-00002.safetensors").write_bytes(b"\0")
-    with pytest.raises(EaglenestError, match="1 weight shards .* missing .*00002-of-00002"):
+    with pytest.raises(EaglenestError, match=r"1 weight shards .* missing .*00002-of-00002"):
         resolve_target(str(folder))
 
 
@@ -163,7 +163,7 @@ def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_pat
         json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}})
     )
     with pytest.raises(
-        EaglenestError, match="tokenizer_config.json: .*remote code.*target.trust_remote_code: true"
+        EaglenestError, match=r"tokenizer_config.json: .*remote code.*target.trust_remote_code: true"
     ):
         resolve_target(str(folder))
     assert resolve_target(str(folder), trust_remote_code=True).trust_remote_code

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from eaglenest.errors import EaglenestError
 from eaglenest.chat_turns import ChatTurns
+from eaglenest.errors import EaglenestError
+from eaglenest.target import load_tokenizer
 from eaglenest.tokenize import (
     assistant_mask,
     chat_template_hash,
@@ -26,7 +27,6 @@ from eaglenest.tokenize import (
     tokenize_responses,
     training_rows,
 )
-from eaglenest.target import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -425,7 +425,7 @@ BAD_ROWS = {
 def test_bad_rows_raise_and_write_nothing(tmp_path, make_target, case):
     rows, text = BAD_ROWS[case]
     target = make_target(CHATML)
-    rows = [conv("fine", rid="ok")] + rows
+    rows = [conv("fine", rid="ok"), *rows]
     if case == "malformed":
         text = "line 2: malformed JSON"
     with pytest.raises(EaglenestError, match=None) as ei:
@@ -570,7 +570,7 @@ def test_remote_code_tokenizer_masks_every_turn_without_offsets(tmp_path, kimi_t
 
 
 def test_a_remote_code_tokenizer_without_trust_says_which_key_to_set(tmp_path, kimi_target):
-    with pytest.raises(EaglenestError, match="remote code .*set target.trust_remote_code: true"):
+    with pytest.raises(EaglenestError, match=r"remote code .*set target.trust_remote_code: true"):
         run(tmp_path, kimi_target, [conv()])
     assert not (tmp_path / "out" / "tokenized_data.jsonl").exists()
 

@@ -131,7 +131,7 @@ def test_always_kept_ids_take_slots_first():
 
 def test_offsets_identity_and_dtypes(tmp_path):
     counts = zipf_counts(5000, 40_000, seed=1)
-    out, cov = run_build(tmp_path, save(tmp_path / "tf.pt", counts), 700, always_keep_ids=[4999])
+    out, _cov = run_build(tmp_path, save(tmp_path / "tf.pt", counts), 700, always_keep_ids=[4999])
     t2d, d2t, t2d_np, d2t_np = load_outputs(out)
     assert t2d.dtype == torch.bool and t2d.shape == (5000,) and int(t2d.sum()) == 700
     assert d2t.dtype == torch.int64 and d2t.shape == (700,)
@@ -363,7 +363,7 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):  # the target vocabulary size must come from somewhere
         cli.main(argv[:-2])
     with pytest.raises(SystemExit):  # ... and from one place only
-        cli.main(argv + ["--target-model", str(tmp_path)])
+        cli.main([*argv, "--target-model", str(tmp_path)])
 
 
 def test_console_script(tmp_path):
@@ -466,7 +466,7 @@ def test_zero_count_dict_entries_are_unseen():
     treats a listed zero like an unseen id, which keeps the rule "lowest unused ids fill".
     """
     freq = {1: 3, 5: 0}
-    ref_d2t, ref_t2d = spec_build(freq, 3, 8)
+    _ref_d2t, ref_t2d = spec_build(freq, 3, 8)
     assert ref_t2d.nonzero().flatten().tolist() == [0, 1, 5]
     assert selected([0, 3, 0, 0, 0, 0, 0, 0], 3) == [0, 1, 2]
 

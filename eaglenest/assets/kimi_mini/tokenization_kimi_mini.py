@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+from typing import ClassVar
 
 import tiktoken
 from transformers import PreTrainedTokenizer
@@ -69,8 +70,8 @@ def load_ranks(path) -> dict[bytes, int]:
 class TikTokenTokenizer(PreTrainedTokenizer):
     """tiktoken BPE with Kimi's special tokens; never a fast tokenizer."""
 
-    vocab_files_names = {"vocab_file": "tiktoken.model"}
-    model_input_names = ["input_ids", "attention_mask"]
+    vocab_files_names: ClassVar[dict] = {"vocab_file": "tiktoken.model"}
+    model_input_names: ClassVar[list] = ["input_ids", "attention_mask"]
 
     def __init__(
         self,
