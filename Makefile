@@ -2,7 +2,7 @@
 # Each creates .venv first when it is missing.
 SNAKEMAKE := .venv/bin/snakemake
 
-.PHONY: env run dry-run report test lint clean
+.PHONY: env run dry-run report test test-fast lint clean
 env:
 	envs/setup.sh
 
@@ -15,11 +15,27 @@ dry-run: env
 report: env
 	$(SNAKEMAKE) --report report.html
 
+# The whole suite (CI's command): unit tests, the engine tests and the end-to-end runs. -rs names
+# the reason of every skip.
 test: env
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests
 
+# Every unit test, no engine and no end-to-end run: about a minute and a half on 2 cores.
+test-fast: env
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests -m "not engine and not slurm"
+
+# Lint, format and workflow checks (CI runs them before the tests), and a dry run of every
+# shipped config.
 lint: env
-	$(SNAKEMAKE) --lint
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/snakefmt --check Snakefile rules
+	.venv/bin/python .ci/lint-workflow
+	@for c in config/*.yaml; do \
+	  HF_HUB_OFFLINE=1 $(SNAKEMAKE) -n --configfile $$c > .snakemake-dry-run.log 2>&1 \
+	    || { cat .snakemake-dry-run.log; echo "dry run failed: $$c"; exit 1; }; \
+	  echo "dry run ok: $$c ($$(grep -E '^total' .snakemake-dry-run.log | tail -1 | awk '{print $$2}') jobs)"; \
+	done; rm -f .snakemake-dry-run.log
 
 clean:
 	rm -rf results .snakemake report.html

@@ -8,12 +8,14 @@ stack=${1:-$( (command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1) &
 req=envs/requirements-$stack.txt
 stamp=.venv/.installed-$stack
 if [[ -f $stamp && $stamp -nt $req && $stamp -nt envs/constraints-$stack.txt \
-      && $stamp -nt envs/requirements-slurm.txt && $stamp -nt pyproject.toml ]]; then
+      && $stamp -nt envs/requirements-slurm.txt && $stamp -nt envs/requirements-dev.txt \
+      && $stamp -nt pyproject.toml ]]; then
   exit 0
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r "$req"
 .venv/bin/python -m pip install -q --no-deps -r envs/requirements-slurm.txt
+.venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r envs/requirements-dev.txt
 if [[ $stack == cpu ]]; then
   # CUDA-linked wheels pulled in by the engines' dependencies break transformers' imports on a
   # CPU torch, and triton has no CPU backend; nothing in the pipeline needs them.
