@@ -28,8 +28,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from eaglenest.draft_config import default_aux_layer_ids
     from eaglenest.hidden_states import (
-        default_aux_layer_ids,
         extract_shard_transformers,
         extract_shard_vllm,
         vllm_extraction_spec,

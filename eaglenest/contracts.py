@@ -13,9 +13,12 @@ from eaglenest.errors import EaglenestError
 from eaglenest.io import read_json
 
 
-def check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy) -> None:
-    """The draft config, the hidden-state shards and the vocabulary mapping must agree."""
+def check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy) -> dict:
+    """The draft config, the hidden-state shards and the vocabulary mapping must agree.
+
+    Returns what was checked and found consistent (for the log)."""
     dcfg = read_json(draft_config_path)["eaglenest"]
+    shard_dirs = list(shard_dirs)
     for shard in shard_dirs:
         manifest_path = Path(shard) / "manifest.json"
         manifest = read_json(manifest_path)
@@ -47,3 +50,10 @@ def check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy) -> No
     selected = np.flatnonzero(t2d)
     if not np.array_equal(np.arange(len(d2t)) + d2t, selected):
         raise EaglenestError(f"d2t offsets do not point at the ids t2d selects ({t2d_npy})", d2t_npy)
+    return {
+        "shards": len(shard_dirs),
+        "aux_layer_ids": dcfg["aux_layer_ids"],
+        "hidden_size": dcfg["hidden_size"],
+        "target_vocab_size": dcfg["target_vocab_size"],
+        "draft_vocab_size": dcfg["draft_vocab_size"],
+    }

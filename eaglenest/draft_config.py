@@ -13,6 +13,23 @@ from eaglenest.io import write_json
 from eaglenest.target import read_config, read_shape, text_config
 
 
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's usual choice: an early, a middle and a late layer."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[int]:
+    ids = list(configured) if configured else default_aux_layer_ids(num_layers)
+    if len(ids) != 3:
+        raise EaglenestError(f"aux_layer_ids must name 3 layers, got {ids}", source)
+    if len(set(ids)) != len(ids):
+        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} layers)", source)
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}", source)
+    return ids
+
+
 def build_draft_config(
     target_dir,
     out_path,
@@ -22,8 +39,6 @@ def build_draft_config(
     draft_layers: int = 1,
     max_position_embeddings: int | None = None,
 ) -> dict:
-    from eaglenest.hidden_states import resolve_aux_layer_ids
-
     shape = read_shape(target_dir)
     config, config_path = read_config(target_dir)
     tcfg = text_config(config)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, iter_jsonl
 from eaglenest.server import SERVED_NAME, Server, ServerSpec, check_alive
@@ -30,23 +31,6 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's usual choice: an early, a middle and a late layer."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[int]:
-    ids = list(configured) if configured else default_aux_layer_ids(num_layers)
-    if len(ids) != 3:
-        raise EaglenestError(f"aux_layer_ids must name 3 layers, got {ids}", source)
-    if len(set(ids)) != len(ids):
-        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} layers)", source)
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}", source)
-    return ids
 
 
 def shard_bounds(num_rows: int, num_shards: int, k: int) -> tuple[int, int]:

@@ -327,7 +327,9 @@ def train_stage(
     from eaglenest.server import Lease
     from eaglenest.workflow import resolve_device
 
-    check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy)
+    log.info(
+        "training inputs agree: %s", check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy)
+    )
     # Training needs the accelerators the leased server holds.
     Lease(run_dir).release()
     dcfg = read_json(draft_config_path)

@@ -17,7 +17,7 @@ rule plan_hidden_states:
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         disk_margin_gb=config["hidden_states"].get("disk_margin_gb", 0),
-        code=code_hash("hidden_states", "target"),
+        code=code_hash("hidden_states", "draft_config", "target"),
     script:
         "../scripts/plan_hidden_states.py"
 
@@ -42,6 +42,6 @@ rule extract_hidden_states:
         backend=config["hidden_states"]["backend"],
         concurrency=config["hidden_states"].get("concurrency", 4),
         server=server_params(),
-        code=code_hash("hidden_states", "server", "cpu_connector", "target"),
+        code=code_hash("hidden_states", "draft_config", "server", "cpu_connector", "target"),
     script:
         "../scripts/extract_hidden_states.py"

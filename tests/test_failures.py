@@ -231,7 +231,7 @@ def test_vocab_draft_larger_than_target(tmp_path, target):
     ],
 )
 def test_resolve_aux_layer_ids_rejects(ids, problem):
-    from eaglenest.hidden_states import resolve_aux_layer_ids
+    from eaglenest.draft_config import resolve_aux_layer_ids
 
     with pytest.raises(EaglenestError) as e:
         resolve_aux_layer_ids(ids, 8, "/models/t/config.json")
@@ -493,10 +493,14 @@ def run_train_stage(tmp_path: Path, f: dict) -> None:
 
 
 def test_contract_consistent_inputs_pass(tmp_path):
+    """Consistent stage outputs pass, and the check says what it compared."""
     from eaglenest.contracts import check_training_inputs
 
     f = write_contract_inputs(tmp_path)
-    check_training_inputs(f["draft_config"], f["shards"], f["t2d_npy"], f["d2t_npy"])
+    assert check_training_inputs(f["draft_config"], f["shards"], f["t2d_npy"], f["d2t_npy"]) == {
+        "shards": 2, "aux_layer_ids": AUX, "hidden_size": HIDDEN,
+        "target_vocab_size": TARGET_VOCAB, "draft_vocab_size": DRAFT_VOCAB,
+    }  # fmt: skip
 
 
 def test_contract_shard_aux_ids_differ_from_draft_config(tmp_path):
