@@ -84,10 +84,13 @@ def tree_digests(root: Path, pattern: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory):
-    """A workdir with the default config on 60 prompts, built up to the tokenized data."""
+def small_run(tmp_path_factory, default_run):
+    """A workdir with the default config on 80 prompts. Its target is the default run's tiny
+    target, already built (one build per suite: the 1,200-step build takes minutes)."""
     workdir = tmp_path_factory.mktemp("interrupts")
     cfg = default_config()
+    cfg["target"]["path"] = str(default_run["run_dir"] / "target")
+    cfg["target"]["build_tiny"] = None
     cfg["prompts"]["sources"] = [{"name": "default", "type": "bundled", "samples": 80}]
     cfg["prompts"]["eval_samples"] = 4
     cfg["regenerate"]["max_tokens"] = 96
