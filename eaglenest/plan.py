@@ -270,43 +270,14 @@ def gpu_stages(jobs: list[Job]) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def update_config(config: dict, overwrite: dict) -> dict:
-    """Snakemake's recursive config update (snakemake.utils.update_config), in place."""
-    for key, value in overwrite.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            update_config(config[key], value)
-        else:
-            config[key] = value
-    return config
-
-
 def parse_config_entries(entries: list[str]) -> dict:
-    """`--config KEY=VALUE` the way Snakemake parses it: int, float, bool, YAML, else string."""
-    import yaml
+    """`--config KEY=VALUE` entries, parsed by Snakemake's own command-line parser."""
+    from snakemake.cli import parse_config
 
-    out: dict = {}
-    for entry in entries:
-        key, sep, val = entry.partition("=")
-        if not sep:
-            raise EaglenestError(f"--config entries are KEY=VALUE, got {entry!r}")
-        value = None
-        if val != "":
-            for parse in (int, float, _parse_bool, lambda s: yaml.load(s, Loader=yaml.BaseLoader), str):
-                try:
-                    value = parse(val)
-                    break
-                except Exception:
-                    continue
-        update_config(out, {key: value})
-    return out
-
-
-def _parse_bool(s: str) -> bool:
-    if s in ("True", "true"):
-        return True
-    if s in ("False", "false"):
-        return False
-    raise ValueError(s)
+    try:
+        return parse_config(list(entries))
+    except ValueError as e:
+        raise EaglenestError(f"--config {' '.join(entries)}: {e}") from None
 
 
 SNAKEFILE_NAMES = ("Snakefile", "snakefile", "workflow/Snakefile", "workflow/snakefile")
@@ -324,14 +295,15 @@ def load_config(workdir, snakefile, configfiles=(), config_entries=(), cwd=".") 
     """The config the workflow will see: the Snakefile's `configfile:` (relative to the working
     directory, skipped when absent there and --configfile is given), then each --configfile
     (relative to where the command runs), then --config."""
-    import yaml
+    from snakemake.common.configfile import load_configfile
+    from snakemake.utils import update_config
 
     workdir, cwd = Path(workdir), Path(cwd)
     config: dict = {}
     m = _CONFIGFILE.search(Path(snakefile).read_text()) if snakefile else None
     default = workdir / m.group(1) if m else None
     if default is not None and default.exists():
-        update_config(config, yaml.safe_load(default.read_text()) or {})
+        update_config(config, load_configfile(default))
     elif not configfiles:
         raise EaglenestError(
             "no config: the Snakefile's configfile is missing and no --configfile was given", default
@@ -340,7 +312,7 @@ def load_config(workdir, snakefile, configfiles=(), config_entries=(), cwd=".") 
         path = Path(cf) if Path(cf).is_absolute() else cwd / cf
         if not path.exists():
             raise EaglenestError("config file does not exist", cf)
-        update_config(config, yaml.safe_load(path.read_text()) or {})
+        update_config(config, load_configfile(path))
     update_config(config, parse_config_entries(list(config_entries)))
     if "run_dir" not in config:
         raise EaglenestError("the config has no run_dir", default)

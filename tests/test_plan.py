@@ -382,3 +382,18 @@ def test_a_built_llama_target_is_a_folder_even_where_its_path_looks_like_a_hub_i
     assert (
         "run/models/kimi: the kimi_k25 miniature is published into the hub cache" in proc.stdout + proc.stderr
     )
+
+
+def test_config_entries_mean_what_they_mean_to_snakemake():
+    """`eaglenest plan --config` parses values as Snakemake does (`true` stays a string there,
+    as the workflow will see it), and a malformed entry is a clear error."""
+    from snakemake.cli import parse_config
+
+    from eaglenest.errors import EaglenestError
+    from eaglenest.plan import parse_config_entries
+
+    entries = ["gpus=8", "lr=0.5", "flag=true", "Flag=True", "ids=[1, 2]", "name=x"]
+    assert parse_config_entries(entries) == parse_config(entries)
+    assert parse_config_entries(["flag=true"]) == {"flag": "true"}
+    with pytest.raises(EaglenestError, match="--config"):
+        parse_config_entries(["no_equals_sign"])
