@@ -1,5 +1,9 @@
 # eaglenest: train an EAGLE-3 draft head for a served target model.
 # `snakemake --cores all` builds what is missing; `snakemake -n` shows the plan.
+from snakemake.utils import min_version
+
+# The code reads Snakemake 9's log format and profile behaviour (eaglenest/snakemake_log.py, profiles/).
+min_version("9.0")
 
 
 configfile: "config/config.yaml"

@@ -14,11 +14,13 @@ validate(config, schema="../config/schemas/config.schema.yaml")
 
 RUN = config["run_dir"]
 TARGET = config["target"]["path"]
-BUILD_TINY = bool(config["target"].get("build_tiny"))
-TINY_ARCHITECTURE = (config["target"].get("build_tiny") or {}).get("architecture", "llama")
+BUILD_TINY = bool(config["target"]["build_tiny"])
+# build_tiny's keys have no schema defaults (a default inside a null build_tiny crashes
+# Snakemake's validator), so the builder's defaults are spelt out where they are read.
+TINY_ARCHITECTURE = (config["target"]["build_tiny"] or {}).get("architecture", "llama")
 # A hub id resolves through the hub cache (the configured one, else huggingface_hub's own).
 TARGET_ON_HUB = on_hub(TARGET, TINY_ARCHITECTURE if BUILD_TINY else None)
-TARGET_CACHE = config["target"].get("cache_dir")
+TARGET_CACHE = config["target"]["cache_dir"]
 # Every stage that reads the target takes this record (folder, commit, files, shape) as input.
 TARGET_RECORD = f"{RUN}/target.json"
 GPUS = config["gpus"]
@@ -50,7 +52,7 @@ def target_source_files():
     folder: its files. Planning reads the local file system only, never the network.
     """
     if TARGET_ON_HUB:
-        return [str(cache_key_file(TARGET, config["target"].get("revision"), TARGET_CACHE))]
+        return [str(cache_key_file(TARGET, config["target"]["revision"], TARGET_CACHE))]
     if BUILD_TINY:
         return [f"{TARGET}/{name}" for name in TARGET_FILES]
     return sorted(str(f) for f in Path(TARGET).rglob("*") if f.is_file())
@@ -60,6 +62,7 @@ def tiny_target_corpus():
     """The texts the tiny target learns from (relative paths: from the repository). Its own
     corpus, not the prompts: the prompts it later answers are new to it, as users' are to a
     real model."""
+    # No schema default for corpus: see TINY_ARCHITECTURE.
     path = Path(config["target"]["build_tiny"].get("corpus", "data/tiny_target/corpus.jsonl"))
     return str(path if path.is_absolute() else Path(workflow.basedir) / path)
 
@@ -73,6 +76,7 @@ def tiny_target_code():
 def prompt_source_files():
     """Local prompt files are inputs, so editing them reruns the data stages."""
     files = []
+    # A source's path has no schema default (it applies to some types only), hence the .get.
     for src in config["prompts"]["sources"]:
         if src["type"] == "bundled":
             files.append(str(Path(workflow.basedir) / "data" / "prompts" / src.get("path", "default.jsonl")))
@@ -87,8 +91,8 @@ def server_params():
         "base_args": list(vllm_base_args(config["vllm"], config["target"])),
         "env": dict(vllm_env(config["vllm"])),
         "device": config["vllm"]["device"],
-        "reuse": config["vllm"].get("reuse_server", True),
-        "startup_timeout_s": config["vllm"].get("startup_timeout_s", 900),
+        "reuse": config["vllm"]["reuse_server"],
+        "startup_timeout_s": config["vllm"]["startup_timeout_s"],
     }
 
 

@@ -31,7 +31,7 @@ elif TARGET_ON_HUB:
             f"{RUN}/logs/download_target.log",
         params:
             target=TARGET,
-            revision=config["target"].get("revision"),
+            revision=config["target"]["revision"],
             cache_dir=TARGET_CACHE,
         script:
             "../scripts/download_target.py"
@@ -46,7 +46,7 @@ rule resolve_target:
         f"{RUN}/logs/resolve_target.log",
     params:
         target=TARGET,
-        revision=config["target"].get("revision"),
+        revision=config["target"]["revision"],
         cache_dir=TARGET_CACHE,
         trust_remote_code=config["target"]["trust_remote_code"],
         code=code_hash("target"),
@@ -66,7 +66,7 @@ rule prepare_prompts:
     params:
         sources=config["prompts"]["sources"],
         eval_samples=config["prompts"]["eval_samples"],
-        seed=config["prompts"].get("seed", 0),
+        seed=config["prompts"]["seed"],
         code=code_hash("prompts"),
     script:
         "../scripts/prepare_prompts.py"
@@ -85,7 +85,7 @@ rule regenerate_responses:
     params:
         run_dir=RUN,
         server=server_params(),
-        reasoning_parser=config["target"].get("reasoning_parser"),
+        reasoning_parser=config["target"]["reasoning_parser"],
         sampling={
             k: config["regenerate"][k]
             for k in ("max_tokens", "temperature", "top_p", "n")

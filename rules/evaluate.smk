@@ -25,7 +25,7 @@ rule evaluate_acceptance:
         k=config["evaluate"]["num_speculative_tokens"],
         max_tokens=config["evaluate"]["max_tokens"],
         concurrency=config["evaluate"]["concurrency"],
-        ngram=config["evaluate"].get("ngram", {}),
+        ngram=config["evaluate"]["ngram"],
         code=code_hash("evaluate", "server", "tokenize", "target"),
     script:
         "../scripts/evaluate_acceptance.py"

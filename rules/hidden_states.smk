@@ -13,10 +13,10 @@ rule plan_hidden_states:
     log:
         f"{RUN}/logs/plan_hidden_states.log",
     params:
-        aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
+        aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
-        disk_margin_gb=config["hidden_states"].get("disk_margin_gb", 0),
+        disk_margin_gb=config["hidden_states"]["disk_margin_gb"],
         code=code_hash("hidden_states", "draft_config", "target"),
     script:
         "../scripts/plan_hidden_states.py"
@@ -40,7 +40,7 @@ rule extract_hidden_states:
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         backend=config["hidden_states"]["backend"],
-        concurrency=config["hidden_states"].get("concurrency", 4),
+        concurrency=config["hidden_states"]["concurrency"],
         server=server_params(),
         code=code_hash("hidden_states", "draft_config", "server", "cpu_connector", "target"),
     script:

@@ -18,7 +18,7 @@ rule build_vocab_mapping:
         f"{RUN}/logs/build_vocab_mapping.log",
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        always_keep_ids=config["vocab"].get("always_keep_ids", []),
+        always_keep_ids=config["vocab"]["always_keep_ids"],
         code=code_hash("vocab", "target"),
     script:
         "../scripts/build_vocab_mapping.py"
@@ -32,7 +32,7 @@ rule draft_config:
     log:
         f"{RUN}/logs/draft_config.log",
     params:
-        aux_layer_ids=config["hidden_states"].get("aux_layer_ids"),
+        aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         draft_layers=config["train"]["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
