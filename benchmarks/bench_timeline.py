@@ -1,223 +1,112 @@
 """When did the GPU work, and what kept it waiting? The timeline of a finished run.
 
-Reads what Snakemake keeps in the working directory:
+Reads what the run's Snakemake invocations recorded in the working directory:
 
-- `.snakemake/log/*.snakemake.log`, one per invocation: when each job started and finished or
-  failed (to the second), its rule, wildcards, inputs, outputs and resources (GPU rules are the
-  ones that declare a `gpu` resource), and when the invocation began and ended;
-- `.snakemake/metadata/<base64 of the output path>`, one JSON record per output of the last job
-  that made it: `rule`, `input`, `starttime` (when Snakemake marked the output incomplete, i.e.
-  the job started) and `endtime` (the output's mtime), to a fraction of a second.
+- `.snakemake/log/*.jobs.jsonl`, one per invocation (the eaglenest-jobs logger plugin both
+  profiles enable; eaglenest/job_events.py): when each job started and finished or failed, to
+  the millisecond, its rule, wildcards, inputs, outputs and resources (GPU jobs are the ones that
+  ask for a `gpu` resource), and when the invocation began and shut down (a killed one has no
+  end);
+- `<run dir>/benchmarks/`, Snakemake's `benchmark:` record of each job's last execution: its
+  peak resident memory, printed beside the job.
 
-"The run" is every invocation from the first one that made an output still on disk (in the run
-dir) to the last one, so a run resumed after a failure is measured as a whole; the time between
-invocations (nothing running) is reported but not counted as wall time. `--source metadata`
-uses the metadata records alone (for a run whose logs are gone): one span, no failed jobs.
+"The run" is every invocation from the first one that made an output still on disk (its
+benchmark file is from that execution) to the last one, so a run resumed after a failure is
+measured as a whole; the time between invocations (nothing running) is reported but not counted
+as wall time.
 
-Prints each job (rule, start, end, GPU or not), the share of the wall time during which a GPU
-job was running, and every stretch with no GPU job running, classified as
+Prints each job (rule, start, end, GPU or not, peak memory), the share of the wall time during
+which a GPU job was running, and every stretch with no GPU job running, classified as
   READY-BUT-IDLE   a GPU job's inputs were all there but it had not started (a CPU job, or the
                    scheduler, delayed a GPU job) -- what the GPU rules must never do;
   CPU-DEPENDENCY   the next GPU job needs CPU jobs that were still running (CPU work on the
                    GPU path, e.g. tokenize between regeneration and extraction);
   HAND-OVER        between two GPU jobs with no CPU job between them (Snakemake's own
-                   turnaround, or the 1 s resolution of the log's timestamps);
+                   turnaround);
   STARTUP / END    Snakemake building the DAG before the first job / finishing after the last;
   FAILED           the invocation was ending on a failed job;
-  INTERRUPTED      the invocation was killed (its log has no end).
+  INTERRUPTED      the invocation was killed (no end recorded).
 
 Usage: python benchmarks/bench_timeline.py [--run-dir results/default] [--workdir .]
-                                           [--source auto|log|metadata] [--last-invocation]
+                                           [--last-invocation] [--events NAME ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import datetime as dt
 import itertools
-import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglenest.snakemake_log import parse_jobs
+from eaglenest.job_events import JobRecord, event_files, read_events
+from eaglenest.summary import read_benchmark
 
-DEFAULT_GPU_RULES = ("regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance")
-TOLERANCE_S = 1.5  # log timestamps have whole seconds
-SPLIT_IDLE_S = 10.0  # metadata only: no job for this long = between invocations
-
-
-@dataclass
-class Job:
-    rule: str
-    start: float
-    end: float | None = None
-    status: str = "running"  # finished | failed | running
-    jobid: int | None = None
-    wildcards: str = ""
-    inputs: list[str] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-    gpu: bool = False
-    invocation: int = 0
-    precise: bool = False  # times refined from the metadata records
-
-    @property
-    def label(self) -> str:
-        return f"{self.rule}[{self.wildcards}]" if self.wildcards else self.rule
+TOLERANCE_S = 0.5  # a GPU job starting this soon after its inputs is not "delayed"
 
 
 @dataclass
 class Invocation:
     index: int
-    log: str
+    name: str
     start: float
-    end: float | None = None
-    dry_run: bool = False
-    failed: bool = False
+    end: float
     state: str = "ok"  # ok | failed | interrupted (no end written) | running (locks held)
-    jobs: list[Job] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
 # Reading
 
 
-_ELAPSED = re.compile(r"^Elapsed time: (?:(\d+) days?, )?(\d+):(\d\d):(\d\d(?:\.\d+)?)")
-
-
-def parse_log(path: Path, index: int, gpu_rules) -> Invocation:
-    text = path.read_text(errors="replace")
-    name = re.match(r"(\d{4}-\d\d-\d\dT\d{6}\.\d+)", path.name)
-    start = (
-        dt.datetime.strptime(name.group(1), "%Y-%m-%dT%H%M%S.%f").timestamp()
-        if name
-        else path.stat().st_mtime
-    )
-    inv = Invocation(index=index, log=path.name, start=start)
-    for line in text.splitlines():  # the invocation as a whole; the jobs come from parse_jobs
-        if line.startswith("  Command:"):
-            cmd = line.split(":", 1)[1].split()
-            inv.dry_run = any(
-                a in ("-n", "--dry-run", "--dryrun")
-                or (a.startswith("-") and not a.startswith("--") and "n" in a[1:] and a[1:].isalpha())
-                for a in cmd[1:]
-            )
-        elif line.startswith(("Error in rule ", "At least one job did not complete successfully")):
-            inv.failed = True
-        elif line.startswith("Terminating processes on user request"):
-            inv.state = "interrupted"
-        elif m := _ELAPSED.match(line):
-            days, h, mi, s = m.groups()
-            inv.end = inv.start + int(days or 0) * 86400 + int(h) * 3600 + int(mi) * 60 + float(s)
-    for rec in parse_jobs(text):
-        if rec.start is None or not rec.outputs:  # `all` has no outputs
-            continue
-        inv.jobs.append(
-            Job(
-                rule=rec.rule,
-                start=rec.start.timestamp(),
-                jobid=rec.jobid,
-                end=rec.end.timestamp() if rec.end is not None else None,
-                status=rec.status,
-                wildcards=rec.wildcards,
-                inputs=rec.inputs,
-                outputs=rec.outputs,
-                invocation=index,
-                gpu=rec.gpu or (rec.rule in gpu_rules and not rec.inputs),
-            )
-        )
-    if inv.failed and inv.state != "interrupted":
-        inv.state = "failed"
-    if inv.end is None:  # still running, or killed: the last thing it said
-        last = max([j.end or j.start for j in inv.jobs] + [inv.start])
-        inv.end = max(last, path.stat().st_mtime)
+def read_invocation(path: Path, index: int, run_dir: str, newest: bool) -> Invocation | None:
+    """The invocation's jobs that write into the run dir; None for a dry run or no such job."""
+    events = read_events(path)
+    jobs = [
+        j for j in events.jobs if j.start is not None and any(o.startswith(run_dir + "/") for o in j.outputs)
+    ]
+    if events.dry_run or not jobs:
+        return None
+    end, state = events.end, "failed" if events.failed else "ok"
+    if end is None:  # killed, or still running: the last thing it recorded
         locks = path.parent.parent / "locks"
-        newest = max(path.parent.glob("*.snakemake.log"), key=lambda p: p.name)
-        if not inv.failed and newest == path and locks.is_dir() and any(locks.iterdir()):
-            inv.end, inv.state = time.time(), "running"  # the last one, still holding locks
-        elif inv.state == "ok":
-            inv.state = "interrupted"
-    for job in inv.jobs:
+        if newest and locks.is_dir() and any(locks.iterdir()):
+            end, state = time.time(), "running"
+        else:
+            end, state = max([j.end or j.start for j in jobs] + [path.stat().st_mtime]), "interrupted"
+    for job in jobs:
         if job.status == "running":
-            job.end = inv.end  # still running (so far), or killed while shutting down
-            if inv.state in ("failed", "interrupted"):
-                job.status = inv.state
-    return inv
+            job.end = end  # still running (so far), or killed with its invocation
+            if state == "interrupted":
+                job.status = state
+    name = path.name.removesuffix(".snakemake.jobs.jsonl")
+    return Invocation(index=index, name=name, start=events.start, end=end, state=state, jobs=jobs)
 
 
-def read_metadata(workdir: Path, run_dir: str) -> dict[str, dict]:
-    """Metadata records of the outputs under run_dir, keyed by output path."""
+def benchmark_records(workdir: Path, run_dir: str) -> dict[str, dict]:
+    """Each job's benchmark record by its label (rule[k=v]), with the file's mtime (when the
+    job ended, i.e. which execution the record is from)."""
     out = {}
-    meta_dir = workdir / ".snakemake" / "metadata"
-    if not meta_dir.is_dir():
-        return out
-    for f in meta_dir.rglob("*"):
-        if not f.is_file():
-            continue
+    root = workdir / run_dir / "benchmarks"
+    for f in root.rglob("*.tsv") if root.is_dir() else []:
+        rel = f.relative_to(root)
+        # extract_hidden_states/shard_3.tsv is the job extract_hidden_states[k=3]
+        label = rel.stem if len(rel.parts) == 1 else f"{rel.parts[0]}[k={rel.stem.removeprefix('shard_')}]"
         try:
-            key = base64.urlsafe_b64decode(f.name.replace("@", "/").encode()).decode()
-        except Exception:
-            key = None
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, ValueError):
+            out[label] = {**read_benchmark(f), "mtime": f.stat().st_mtime}
+        except (OSError, ValueError, KeyError):
             continue
-        if key is None or "rule" not in rec:
-            continue
-        if key.startswith(run_dir.rstrip("/") + "/"):
-            out[key] = rec
     return out
 
 
-def refine_with_metadata(jobs: list[Job], records: dict[str, dict]) -> None:
-    """Sub-second start/end from the records, for jobs whose record is from that execution."""
-    for job in jobs:
-        recs = [records[o] for o in job.outputs if o in records]
-        recs = [
-            r
-            for r in recs
-            if r.get("rule") == job.rule
-            and r.get("starttime")
-            and abs(r["starttime"] - job.start) <= TOLERANCE_S + 1
-        ]
-        if not recs:
-            continue
-        job.start = min(r["starttime"] for r in recs)
-        meta_end = max(r["endtime"] for r in recs if r.get("endtime"))
-        if job.status == "finished" and job.end is not None:
-            job.end = max(job.end, meta_end)
-        job.precise = True
-
-
-def jobs_from_metadata(records: dict[str, dict], gpu_rules) -> list[Job]:
-    """One job per (rule, job_hash, start) from the records alone."""
-    groups: dict[tuple, Job] = {}
-    for path, rec in sorted(records.items()):
-        start = rec.get("starttime")
-        if start is None:
-            continue
-        key = (rec["rule"], rec.get("job_hash"), round(start))
-        job = groups.get(key)
-        if job is None:
-            job = groups[key] = Job(
-                rule=rec["rule"],
-                start=start,
-                end=rec.get("endtime"),
-                status="finished",
-                inputs=list(rec.get("input", [])),
-                gpu=rec["rule"] in gpu_rules,
-                precise=True,
-            )
-        job.outputs.append(path)
-        job.start = min(job.start, start)
-        job.end = max(job.end or 0, rec.get("endtime") or 0)
-    jobs = sorted(groups.values(), key=lambda j: j.start)
-    for j in jobs:
-        m = re.search(r"shard_(\d+)", j.outputs[0]) if j.rule == "extract_hidden_states" else None
-        j.wildcards = f"k={m.group(1)}" if m else ""
-    return jobs
+def from_this_execution(job: JobRecord, bench: dict | None) -> bool:
+    """Whether the benchmark file was written when this execution of the job ended."""
+    return (
+        bench is not None
+        and job.end is not None
+        and job.status == "finished"
+        and abs(bench["mtime"] - job.end) < 5
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +140,7 @@ def idle_gaps(inv: Invocation) -> list[tuple[float, float]]:
     return gaps
 
 
-def ready_time(job: Job, inv: Invocation) -> float:
+def ready_time(job: JobRecord, inv: Invocation) -> float:
     """When all of a job's inputs existed: the end of the latest producer in this invocation."""
     producer = {o: j for j in inv.jobs for o in j.outputs}
     t = inv.start
@@ -262,7 +151,7 @@ def ready_time(job: Job, inv: Invocation) -> float:
     return t
 
 
-def ancestors(job: Job, inv: Invocation) -> set[int]:
+def ancestors(job: JobRecord, inv: Invocation) -> set[int]:
     """ids of the jobs of this invocation that `job` needs, directly or not."""
     producer = {o: j for j in inv.jobs for o in j.outputs}
     seen: set[int] = set()
@@ -303,8 +192,7 @@ def classify_gap(inv: Invocation, s: float, e: float, last_gap: bool) -> tuple[s
         if not on_path:
             return (
                 "HAND-OVER",
-                f"{nxt.label} next; no CPU job in between (Snakemake's job "
-                f"hand-over, and 1 s log timestamps)",
+                f"{nxt.label} next; no CPU job in between (Snakemake's job hand-over)",
             )
         detail = f"{nxt.label} waits on CPU jobs: {', '.join(on_path)}"
         if beside:
@@ -326,81 +214,50 @@ def parse_args() -> argparse.Namespace:
         default=Path("."),
         help="where .snakemake lives (the workflow's working directory)",
     )
-    parser.add_argument("--source", choices=("auto", "log", "metadata"), default="auto")
     parser.add_argument(
         "--last-invocation",
         action="store_true",
         help="only the latest invocation that ran jobs for the run dir",
     )
     parser.add_argument(
-        "--logs",
+        "--events",
         nargs="+",
         metavar="NAME",
-        help="these invocations (log file names, or their first characters, "
-        "e.g. 2026-11-29T1049) instead of the automatic choice",
-    )
-    parser.add_argument(
-        "--gpu-rules",
-        nargs="+",
-        default=list(DEFAULT_GPU_RULES),
-        help="GPU rules when the logs do not say (metadata source)",
+        help="these invocations (events file names, or their first characters, e.g. 2026-11-29T1049) "
+        "instead of the automatic choice",
     )
     return parser.parse_args()
 
 
-def collect_invocations(args, workdir: Path, run_dir: str, records) -> tuple[list[Invocation], str]:
-    """The invocations of the run, from Snakemake's logs or else from its metadata records."""
-    invocations: list[Invocation] = []
-    if args.source in ("auto", "log"):
-        logs = sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log"))
-        if args.logs:
-            logs = [p for p in logs if any(p.name.startswith(x) for x in args.logs)]
-        for i, path in enumerate(logs):
-            inv = parse_log(path, i, set(args.gpu_rules))
-            inv.jobs = [j for j in inv.jobs if any(o.startswith(run_dir + "/") for o in j.outputs)]
-            if not inv.dry_run and inv.jobs:
-                invocations.append(inv)
-    if invocations:
-        for inv in invocations:
-            refine_with_metadata(inv.jobs, records)
-        # The run: from the first invocation that made an output still on disk to the last.
-        current = [
-            k
-            for k, inv in enumerate(invocations)
-            if any(j.status == "finished" and j.precise for j in inv.jobs)
-        ]
-        first = current[0] if current else len(invocations) - 1
-        if args.last_invocation:
-            invocations = invocations[-1:]
-        elif not args.logs:
-            invocations = invocations[first:]
-        source = "snakemake logs + metadata records"
-    else:
-        if args.source == "log":
-            raise SystemExit(f"no snakemake logs with jobs for {run_dir} under {workdir}")
-        jobs = jobs_from_metadata(records, set(args.gpu_rules))
-        if not jobs:
-            raise SystemExit(f"no metadata records for {run_dir} under {workdir}/.snakemake")
-        # Without logs, a stretch with no job at all is taken as the time between invocations.
-        invocations = []
-        for j in jobs:
-            if invocations and j.start <= invocations[-1].end + SPLIT_IDLE_S:
-                inv = invocations[-1]
-                inv.end = max(inv.end, j.end)
-            else:
-                inv = Invocation(index=len(invocations), log="(metadata)", start=j.start, end=j.end)
-                invocations.append(inv)
-            j.invocation = inv.index
-            inv.jobs.append(j)
-        source = (
-            f"metadata records only (spans split where no job ran for {SPLIT_IDLE_S:.0f}s; "
-            "failed attempts are not recorded, and records may come from different runs)"
+def collect_invocations(args, workdir: Path, run_dir: str, bench: dict[str, dict]) -> list[Invocation]:
+    files = event_files(workdir)
+    if not files:
+        raise SystemExit(
+            f"no job events under {workdir}/.snakemake/log: the run did not use the eaglenest-jobs "
+            "logger (profiles/default enables it; a --logger on the command line replaces it)"
         )
+    chosen = [p for p in files if any(p.name.startswith(x) for x in args.events)] if args.events else files
+    invocations = []
+    for path in chosen:
+        inv = read_invocation(path, len(invocations), run_dir, newest=path == files[-1])
+        if inv is not None:
+            invocations.append(inv)
+    if not invocations:
+        raise SystemExit(f"no invocation ran jobs for {run_dir} under {workdir}")
+    if args.last_invocation:
+        return invocations[-1:]
+    if args.events:
+        return invocations
+    # The run: from the first invocation that made an output still on disk to the last.
+    current = [
+        k
+        for k, inv in enumerate(invocations)
+        if any(from_this_execution(j, bench.get(j.label)) for j in inv.jobs)
+    ]
+    return invocations[current[0] if current else len(invocations) - 1 :]
 
-    return invocations, source
 
-
-def report(invocations: list[Invocation], source: str, workdir: Path, run_dir: str) -> None:
+def report(invocations: list[Invocation], bench: dict[str, dict], workdir: Path, run_dir: str) -> None:
     t0 = invocations[0].start
     done = Path(workdir / run_dir / "eval" / "acceptance.json").exists()
     last = invocations[-1]
@@ -408,27 +265,33 @@ def report(invocations: list[Invocation], source: str, workdir: Path, run_dir: s
         state = f"NO: the last invocation {'is' if last.state == 'running' else 'was'} {last.state}"
     else:
         state = "yes" + ("" if done else " (eval/acceptance.json since removed)")
-    print(f"run {run_dir}: {len(invocations)} invocation(s), source: {source}; finished: {state}")
-    print(f"{'inv':>3} {'job':<34} {'start':>8} {'end':>8} {'secs':>7}  {'GPU':<3}  {'clock':<10} status")
+    print(f"run {run_dir}: {len(invocations)} invocation(s); finished: {state}")
+    print(
+        f"{'inv':>3} {'job':<34} {'start':>8} {'end':>8} {'secs':>7}  {'GPU':<3} {'peak RSS':>9}  {'clock':<10} status"
+    )
     for inv in invocations:
         for j in sorted(inv.jobs, key=lambda j: j.start):
-            end = j.end if j.end is not None else inv.end
+            b = bench.get(j.label)
+            rss = (
+                f"{b['max_rss_mb']:.0f} MB"
+                if from_this_execution(j, b) and b["max_rss_mb"] == b["max_rss_mb"]
+                else "-"
+            )
             print(
-                f"{inv.index:>3} {j.label:<34} {j.start - t0:>+8.1f} {end - t0:>+8.1f} "
-                f"{end - j.start:>7.1f}  {'GPU' if j.gpu else '-':<3}  {fmt_clock(j.start):<10} "
-                f"{j.status}{'' if j.precise else ' (log, 1 s)'}"
+                f"{inv.index:>3} {j.label:<34} {j.start - t0:>+8.1f} {j.end - t0:>+8.1f} "
+                f"{j.end - j.start:>7.1f}  {'GPU' if j.gpu else '-':<3} {rss:>9}  {fmt_clock(j.start):<10} {j.status}"
             )
 
     wall = sum(inv.end - inv.start for inv in invocations)
     gpu_busy = sum(
-        union_length([(max(j.start, inv.start), min(j.end or inv.end, inv.end)) for j in inv.jobs if j.gpu])
+        union_length([(max(j.start, inv.start), min(j.end, inv.end)) for j in inv.jobs if j.gpu])
         for inv in invocations
     )
     between = sum(max(0.0, b.start - a.end) for a, b in itertools.pairwise(invocations))
     print()
     for inv in invocations:
         print(
-            f"invocation {inv.index} ({inv.log}): +{inv.start - t0:.1f}s .. +{inv.end - t0:.1f}s, "
+            f"invocation {inv.index} ({inv.name}): +{inv.start - t0:.1f}s .. +{inv.end - t0:.1f}s, "
             f"{inv.end - inv.start:.1f}s, {inv.state}"
         )
     print(
@@ -463,8 +326,8 @@ def report(invocations: list[Invocation], source: str, workdir: Path, run_dir: s
 def main() -> None:
     args = parse_args()
     workdir, run_dir = args.workdir, args.run_dir.rstrip("/")
-    invocations, source = collect_invocations(args, workdir, run_dir, read_metadata(workdir, run_dir))
-    report(invocations, source, workdir, run_dir)
+    bench = benchmark_records(workdir, run_dir)
+    report(collect_invocations(args, workdir, run_dir, bench), bench, workdir, run_dir)
 
 
 if __name__ == "__main__":

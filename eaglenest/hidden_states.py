@@ -25,12 +25,12 @@ import torch
 from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, iter_jsonl
+from eaglenest.run_estimate import hidden_state_bytes
 from eaglenest.server import SERVED_NAME, Server, ServerSpec, check_alive
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def shard_bounds(num_rows: int, num_shards: int, k: int) -> tuple[int, int]:
@@ -182,7 +182,7 @@ def _write_manifest(tmp: Path, start, stop, tokens, hidden_size, dtype, meta, se
         "tokens": tokens,
         "hidden_size": hidden_size,
         "dtype": dtype,
-        "bytes": tokens * 4 * hidden_size * DTYPE_BYTES[dtype],
+        "bytes": hidden_state_bytes(tokens, hidden_size, dtype),
         "seconds": round(seconds, 3),
         "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
         **meta,
@@ -284,11 +284,6 @@ def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
     return data_dir
 
 
-def estimate_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
-    """Bytes the shards will take: every token stores 4 x hidden_size values."""
-    return num_tokens * 4 * hidden_size * DTYPE_BYTES[dtype]
-
-
 def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
     out_dir = Path(out_dir)
     probe = out_dir
@@ -324,7 +319,7 @@ def plan_stage(
     n, hidden = shape.num_layers, shape.hidden_size
     aux = resolve_aux_layer_ids(aux_layer_ids, n, Path(target) / "config.json")
     tokens = int(meta["tokens_total"])
-    needed = estimate_bytes(tokens, hidden, dtype)
+    needed = hidden_state_bytes(tokens, hidden, dtype)
     plan = {
         "samples": meta["samples_out"],
         "tokens": tokens,

@@ -9,7 +9,8 @@ req=envs/requirements-$stack.txt
 stamp=.venv/.installed-$stack
 if [[ -f $stamp && $stamp -nt $req && $stamp -nt envs/constraints-$stack.txt \
       && $stamp -nt envs/requirements-slurm.txt && $stamp -nt envs/requirements-dev.txt \
-      && $stamp -nt pyproject.toml ]]; then
+      && $stamp -nt pyproject.toml \
+      && $stamp -nt plugins/snakemake-logger-plugin-eaglenest-jobs/pyproject.toml ]]; then
   exit 0
 fi
 python3 -m venv .venv
@@ -22,5 +23,8 @@ if [[ $stack == cpu ]]; then
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 fi
 .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+# Snakemake finds logger plugins by module name, which an editable install hides: the job-events
+# logger's shim (no logic of its own) is installed normally.
+.venv/bin/python -m pip install -q --no-deps --no-build-isolation ./plugins/snakemake-logger-plugin-eaglenest-jobs
 touch "$stamp"
 echo "environment ready: .venv ($stack stack)"

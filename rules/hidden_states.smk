@@ -12,12 +12,14 @@ rule plan_hidden_states:
         plan=f"{RUN}/hidden_states/plan.json",
     log:
         f"{RUN}/logs/plan_hidden_states.log",
+    benchmark:
+        f"{RUN}/benchmarks/plan_hidden_states.tsv"
     params:
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
         disk_margin_gb=config["hidden_states"]["disk_margin_gb"],
-        code=code_hash("hidden_states", "draft_config", "target"),
+        code=code_hash("hidden_states", "draft_config", "run_estimate", "target"),
     script:
         "../scripts/plan_hidden_states.py"
 
@@ -31,6 +33,8 @@ rule extract_hidden_states:
         shard=directory(f"{RUN}/hidden_states/shard_{{k}}"),
     log:
         f"{RUN}/logs/extract_hidden_states/shard_{{k}}.log",
+    benchmark:
+        f"{RUN}/benchmarks/extract_hidden_states/shard_{{k}}.tsv"
     wildcard_constraints:
         k=r"\d+",
     resources:
@@ -42,6 +46,6 @@ rule extract_hidden_states:
         backend=config["hidden_states"]["backend"],
         concurrency=config["hidden_states"]["concurrency"],
         server=server_params(),
-        code=code_hash("hidden_states", "draft_config", "server", "cpu_connector", "target"),
+        code=code_hash("hidden_states", "draft_config", "run_estimate", "server", "cpu_connector", "target"),
     script:
         "../scripts/extract_hidden_states.py"

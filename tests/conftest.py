@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglenest.snakemake_log import parse_jobs
+from eaglenest.job_events import read_events
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 # Remote code that transformers imports (the Kimi miniature's tokenizer) is copied into
@@ -26,6 +26,7 @@ atexit.register(shutil.rmtree, _MODULES, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+_INVOCATIONS = itertools.count()
 GPU_RULES = {"regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"}
 
 
@@ -61,8 +62,10 @@ def snakemake(
     check: bool = True,
     env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the repository's workflow with `workdir` as working directory. The GPU cap comes
-    from profiles/default, as in `make run` (a plain `snakemake --cores all`), not from here."""
+    """Run the repository's workflow with `workdir` as working directory. The GPU cap and the
+    job-events logger come from profiles/default, as in `make run` (a plain `snakemake --cores
+    all`), not from here; only the events file's name is set, as `proc.events`."""
+    events = workdir / ".snakemake" / "test-events" / f"{next(_INVOCATIONS):03d}.jobs.jsonl"
     cmd = [
         *SNAKEMAKE,
         "-s",
@@ -71,6 +74,8 @@ def snakemake(
         str(workdir),
         "--configfile",
         str(configfile),
+        "--logger-eaglenest-jobs-path",
+        str(events),
         *args,
     ]
     proc = subprocess.run(
@@ -84,25 +89,26 @@ def snakemake(
         raise AssertionError(
             f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         )
+    proc.events = events  # absent when no job was announced (nothing to do)
     return proc
 
 
 def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """The 'Job stats' table of a dry run: rule -> count (empty when nothing is to be done)."""
-    text = proc.stdout + proc.stderr
-    m = re.search(r"Job stats:\njob\s+count\n[-\s]+\n(.*?)\ntotal", text, re.S)
-    if not m:
+    """The jobs of a dry run by rule, `all` included: rule -> count (empty when nothing is to
+    be done), from its job events."""
+    if not proc.events.exists():
         return {}
-    return {line.split()[0]: int(line.split()[1]) for line in m.group(1).splitlines() if line.strip()}
+    rules = [j.rule for j in read_events(proc.events).jobs]
+    return {r: rules.count(r) for r in sorted(set(rules))}
 
 
-def job_timeline(log_text: str) -> list[dict]:
-    """Start and end (None unless it finished) of every job in Snakemake's own log, by jobid:
-    dicts with jobid, rule, start, end (datetimes)."""
-    started = {j.jobid: j for j in parse_jobs(log_text) if j.jobid is not None and j.start is not None}
+def job_timeline(events: Path) -> list[dict]:
+    """Start and end (None unless it finished) of every job a run started, by jobid: dicts
+    with jobid, rule, start, end (seconds since the epoch)."""
+    started = [j for j in read_events(events).jobs if j.start is not None]
     return [
-        {"jobid": i, "rule": j.rule, "start": j.start, "end": j.end if j.status == "finished" else None}
-        for i, j in sorted(started.items())
+        {"jobid": j.jobid, "rule": j.rule, "start": j.start, "end": j.end if j.status == "finished" else None}
+        for j in sorted(started, key=lambda j: j.jobid)
     ]
 
 
@@ -120,6 +126,7 @@ def default_run(tmp_path_factory):
         "configfile": configfile,
         "run_dir": workdir / cfg["run_dir"],
         "log": proc.stdout + proc.stderr,
+        "events": proc.events,
     }
 
 

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,19 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from conftest import job_timeline
 
 from eaglenest import cli
-from eaglenest.plan import (
-    CODE,
-    MISSING,
-    PARAMS,
-    STALE,
-    UPSTREAM,
-    classify_reason,
-    estimate_hidden_states,
-    gpu_stages,
-    make_plan,
-    parse_dry_run,
-)
-from eaglenest.snakemake_log import parse_jobs
+from eaglenest.job_events import event_files, read_events
+from eaglenest.job_order import gpu_stages
+from eaglenest.plan import dry_run, make_plan
+from eaglenest.rerun_reasons import CODE, MISSING, PARAMS, STALE, UPSTREAM, classify_reason
+from eaglenest.run_estimate import estimate_hidden_states
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"]
@@ -95,97 +86,101 @@ def test_classify_params_and_code_together_and_stale_input():
     assert "16" in cats[PARAMS] and "8" in cats[PARAMS]
 
 
-DRY_RUN_TEXT = """\
-Building DAG of jobs...
-[Sun Nov 29 10:54:50 2026]
-rule tokenize:
-    input: r/responses.jsonl
-    output: r/tok.jsonl, r/meta.json
-    jobid: 3
-    reason: Input files updated by another job: r/responses.jsonl
-    resources: tmpdir=/tmp
-Shell command: None
-[Sun Nov 29 10:54:50 2026]
-rule extract:
-    input: r/tok.jsonl
-    output: r/shard_1
-    jobid: 5
-    reason: Missing output files: r/shard_1
-    wildcards: k=1
-    resources: tmpdir=/tmp, gpu=8
-Shell command: None
-[Sun Nov 29 10:54:50 2026]
-rule regenerate:
-    input: r/prompts.jsonl
-    output: r/responses.jsonl
-    jobid: 2
-    reason: Missing output files: r/responses.jsonl
-    resources: tmpdir=/tmp, gpu=8
-Shell command: None
-[Sun Nov 29 10:54:50 2026]
+# A toy workflow shaped like the pipeline's GPU path: regeneration (GPU), tokenize (CPU), one
+# extraction shard (GPU, a wildcard) that fails. Snakemake announces its jobs in its own order.
+TOY_SNAKEFILE = """\
 rule all:
-    input: r/shard_1
-    jobid: 0
-    reason: Input files updated by another job: r/shard_1
-    resources: tmpdir=/tmp
-Job stats:
+    input: "r/shard_1"
+
+rule regenerate:
+    output: "r/responses.jsonl"
+    resources: gpu=8
+    shell: "sleep 1; echo x > {output}"
+
+rule tokenize:
+    input: "r/responses.jsonl"
+    output: "r/tok.jsonl", "r/meta.json"
+    shell: "touch {output}"
+
+rule extract:
+    input: "r/tok.jsonl"
+    output: "r/shard_{k}"
+    resources: gpu=8
+    shell: "exit 3"
 """
 
 
-def test_parse_dry_run_and_gpu_order_follow_dependencies_not_print_order():
-    jobs = parse_dry_run(DRY_RUN_TEXT)
-    assert [j.rule for j in jobs] == ["tokenize", "extract", "regenerate"]  # `all` left out
-    assert [j.gpu for j in jobs] == [False, True, True]
-    assert jobs[1].wildcards == "k=1" and jobs[0].outputs == ["r/tok.jsonl", "r/meta.json"]
+@pytest.fixture
+def toy(tmp_path) -> Path:
+    (tmp_path / "Snakefile").write_text(TOY_SNAKEFILE)
+    return tmp_path
+
+
+def _run_toy(toy: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--resources", "gpu=8"]
+    return subprocess.run(
+        [*cmd, "--logger", "eaglenest-jobs", *args], cwd=toy, capture_output=True, text=True
+    )
+
+
+def test_dry_run_jobs_and_gpu_order_follow_dependencies(toy):
+    jobs = dry_run([], cwd=toy)
+    by_rule = {j.rule: j for j in jobs}
+    assert sorted(by_rule) == ["extract", "regenerate", "tokenize"]  # `all` left out
+    assert [by_rule[r].gpu for r in ("regenerate", "tokenize", "extract")] == [True, False, True]
+    assert by_rule["extract"].wildcards == {"k": "1"}
+    assert by_rule["tokenize"].outputs == ["r/tok.jsonl", "r/meta.json"]
+    assert by_rule["tokenize"].reasons[0][0] == MISSING
     order = gpu_stages(jobs)
     assert [s["rule"] for s in order] == ["regenerate", "extract"]
     assert order[1]["waits_on_cpu"] == ["tokenize"]
+    assert not (toy / "r").exists() and not event_files(toy)  # a dry run leaves nothing
 
 
-# The same text as a run's log (eaglenest.snakemake_log, the one parser of Snakemake's output):
-# tokenize finishes, extract fails, regenerate is still running.
-RUN_LOG_TEXT = (
-    DRY_RUN_TEXT.replace("Job stats:\n", "")
-    + """\
-[Sun Nov 29 10:54:58 2026]
-Finished jobid: 3 (Rule: tokenize)
-[Sun Nov 29 10:55:01 2026]
-Error in rule extract:
-    message: None
-    jobid: 5
-    output: r/shard_1
-"""
-)
+def test_job_events_of_a_run_record_ends_failures_and_resources(toy):
+    """A real run through the logger plugin: the events file sits beside Snakemake's log and
+    says which jobs finished, which failed and when."""
+    proc = _run_toy(toy)
+    assert proc.returncode != 0
+    (events,) = event_files(toy)
+    (snakemake_log,) = (toy / ".snakemake" / "log").glob("*.snakemake.log")
+    assert events.name == snakemake_log.name.replace(".log", ".jobs.jsonl")
+    inv = read_events(events)
+    assert inv.end is not None and inv.failed and not inv.dry_run
+    jobs = {j.rule: j for j in inv.jobs}
+    regen, tok, ext = jobs["regenerate"], jobs["tokenize"], jobs["extract"]
+    assert regen.status == tok.status == "finished" and ext.status == "failed"
+    assert inv.start <= regen.start < regen.end <= tok.start < tok.end <= ext.start <= ext.end <= inv.end
+    assert regen.end - regen.start >= 1.0  # exact times, not whole seconds of log text
+    assert ext.resources["gpu"] == 8 and ext.wildcards == {"k": "1"} and ext.gpu and not tok.gpu
+    timeline = {j["rule"]: j for j in job_timeline(events)}  # `all` never started
+    assert {r: j["end"] is None for r, j in timeline.items()} == {
+        "regenerate": False,
+        "tokenize": False,
+        "extract": True,  # failed
+    }
 
 
-def test_log_parser_reads_ends_and_failures():
-    stamp = datetime(2026, 11, 29, 10, 54, 50)
-    tok, ext, regen, all_ = parse_jobs(RUN_LOG_TEXT)
-    assert (tok.jobid, tok.start, tok.end, tok.status) == (
-        3,
-        stamp,
-        datetime(2026, 11, 29, 10, 54, 58),
-        "finished",
+def test_job_events_of_a_killed_run_have_no_end(toy):
+    (toy / "Snakefile").write_text(TOY_SNAKEFILE.replace("sleep 1", "sleep 60"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "--logger", "eaglenest-jobs"],
+        cwd=toy,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
-    assert (ext.jobid, ext.end, ext.status, ext.resources["gpu"]) == (
-        5,
-        datetime(2026, 11, 29, 10, 55, 1),
-        "failed",
-        "8",
-    )
-    assert (regen.end, regen.status) == (None, "running")
-    assert (all_.rule, all_.outputs, all_.inputs) == ("all", [], ["r/shard_1"])
-    assert [j.rule for j in parse_dry_run(RUN_LOG_TEXT)] == ["tokenize", "extract", "regenerate"]
-
-
-def test_job_timeline_keeps_its_shape():
-    stamp = datetime(2026, 11, 29, 10, 54, 50)
-    assert job_timeline(RUN_LOG_TEXT) == [
-        {"jobid": 0, "rule": "all", "start": stamp, "end": None},
-        {"jobid": 2, "rule": "regenerate", "start": stamp, "end": None},
-        {"jobid": 3, "rule": "tokenize", "start": stamp, "end": datetime(2026, 11, 29, 10, 54, 58)},
-        {"jobid": 5, "rule": "extract", "start": stamp, "end": None},  # failed: no end
-    ]
+    deadline = time.time() + 60
+    while time.time() < deadline and not (
+        event_files(toy) and "job_started" in event_files(toy)[0].read_text()
+    ):
+        time.sleep(0.2)
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    inv = read_events(event_files(toy)[0])
+    assert inv.end is None
+    (regen,) = inv.jobs
+    assert regen.rule == "regenerate" and regen.status == "running" and regen.end is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -390,7 +385,7 @@ def test_config_entries_mean_what_they_mean_to_snakemake():
     from snakemake.cli import parse_config
 
     from eaglenest.errors import EaglenestError
-    from eaglenest.plan import parse_config_entries
+    from eaglenest.run_config import parse_config_entries
 
     entries = ["gpus=8", "lr=0.5", "flag=true", "Flag=True", "ids=[1, 2]", "name=x"]
     assert parse_config_entries(entries) == parse_config(entries)

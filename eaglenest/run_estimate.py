@@ -1,0 +1,237 @@
+"""What a run will need before it runs: the hidden-state bytes, the target's download and GPU
+memory. Reads the config and the local disk only (no model, no server, no network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from eaglenest.errors import EaglenestError
+from eaglenest.target import cache_status, on_hub, read_shape
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
+
+
+def hidden_state_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
+    """Bytes the shards take: every token stores HIDDEN_LAYERS_STORED x hidden_size values."""
+    return num_tokens * HIDDEN_LAYERS_STORED * hidden_size * DTYPE_BYTES[dtype]
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _count_lines(path: Path) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+
+
+def _local_target_folder(cfg: dict, workdir: Path) -> Path | None:
+    """The target's folder on this machine without network: a local folder, or the cached
+    snapshot of a hub id (None when neither exists yet)."""
+    target = cfg.get("target", {})
+    name = str(target.get("path", ""))
+    if _on_hub(target, workdir):
+        status = cache_status(name, target.get("revision"), _cache_dir(target, workdir))
+        return Path(status["snapshot"]) if status["cached"] else None
+    path = Path(name) if Path(name).is_absolute() else workdir / name
+    return path if (path / "config.json").exists() else None
+
+
+def _on_hub(target: dict, workdir: Path) -> bool:
+    """The workflow's own test (rules/common.smk), with paths relative to `workdir`."""
+    name, tiny = str(target.get("path", "")), target.get("build_tiny")
+    built_as = (tiny.get("architecture") or "llama") if isinstance(tiny, dict) else None
+    return on_hub(name, built_as) and (built_as is not None or not (workdir / name).exists())
+
+
+def _cache_dir(target: dict, workdir: Path):
+    cache = target.get("cache_dir")
+    if not cache:
+        return None
+    return Path(cache) if Path(cache).is_absolute() else workdir / cache
+
+
+def _hidden_size(cfg: dict, workdir: Path) -> tuple[int | None, str]:
+    target = cfg.get("target", {})
+    if target.get("hidden_size"):
+        return int(target["hidden_size"]), "target.hidden_size"
+    tiny = target.get("build_tiny")
+    if isinstance(tiny, dict) and tiny.get("hidden_size"):
+        return int(tiny["hidden_size"]), "target.build_tiny.hidden_size"
+    folder = _local_target_folder(cfg, workdir)
+    if folder is not None:
+        try:
+            return read_shape(folder).hidden_size, f"{folder / 'config.json'}"
+        except EaglenestError:
+            pass
+    return None, "unknown: set target.hidden_size"
+
+
+def target_status(cfg: dict, workdir=".") -> dict:
+    """Where the target comes from, whether it is here already, its weight bytes, and whether
+    those fit the GPUs the config asks for. Reads the local disk only."""
+    workdir = Path(workdir)
+    target = cfg.get("target", {})
+    name = str(target.get("path", ""))
+    out: dict = {"name": name, "revision": target.get("revision")}
+    built = bool(target.get("build_tiny"))
+    if _on_hub(target, workdir):
+        status = cache_status(name, target.get("revision"), _cache_dir(target, workdir))
+        out.update(source="hub", built_here=built, **status)
+        if not status["cached"]:
+            out["bytes"] = int(target["weights_gb"] * 1e9) if target.get("weights_gb") else None
+            out["bytes_from"] = "target.weights_gb" if target.get("weights_gb") else "unknown"
+    elif built:
+        out.update(source="built by the workflow", cached=None, bytes=None)
+    else:
+        folder = _local_target_folder(cfg, workdir)
+        out.update(
+            source="local folder",
+            cached=folder is not None,
+            bytes=sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder else None,
+        )
+    out["gpu_memory"] = gpu_memory_check(cfg, out.get("bytes"))
+    return out
+
+
+#: vLLM 0.32 runs its V2 model runner on GPUs where Triton is present and the V1 runner on
+#: CPU (the path the CPU tests exercise); this variable picks the V1 runner on a GPU as well.
+GPU_ENGINE_FALLBACK = "VLLM_USE_V2_MODEL_RUNNER=0"
+
+
+COMMON_GPUS = (("an 80 GB H100/A100", 80), ("a 141 GB H200", 141), ("a 192 GB B200", 192))
+
+
+def gpu_memory_check(cfg: dict, weight_bytes: int | None) -> dict:
+    """Weights per GPU under tensor parallelism, and the GPU memory that needs at vLLM's
+    memory utilisation (weights only: the KV cache needs room on top)."""
+    vcfg = cfg.get("vllm", {})
+    if weight_bytes is None or vcfg.get("device") == "cpu":
+        return {}
+    tp = int(vcfg.get("tensor_parallel_size", 1) or 1)
+    extra = list(vcfg.get("extra_args") or [])
+    util = 0.9
+    if "--gpu-memory-utilization" in extra[:-1]:
+        util = float(extra[extra.index("--gpu-memory-utilization") + 1])
+    per_gpu = weight_bytes / tp
+    need = per_gpu / util
+    have = cfg.get("gpu_memory_gb")
+    return {
+        "tensor_parallel_size": tp,
+        "memory_utilization": util,
+        "weights_per_gpu_bytes": per_gpu,
+        "min_gpu_bytes": need,
+        "gpu_bytes": have * 1e9 if have else None,
+        "fits": None if not have else have * 1e9 >= need,
+    }
+
+
+def _train_samples(cfg: dict, workdir: Path, basedir: Path, rebuilding: set[str]) -> tuple[int | None, str]:
+    run = workdir / cfg["run_dir"]
+    stats = _read_json(run / "prompts" / "prompts_stats.json")
+    if stats and "prepare_prompts" not in rebuilding and isinstance(stats.get("train"), int):
+        return stats["train"], "prompts_stats.json"
+    total, unknown = 0, []
+    for src in cfg.get("prompts", {}).get("sources", []):
+        if src.get("samples"):
+            total += int(src["samples"])
+            continue
+        n = None
+        if src.get("type") == "bundled":
+            n = _count_lines(basedir / "data" / "prompts" / src.get("path", "default.jsonl"))
+        elif src.get("type") == "jsonl" and src.get("path"):
+            p = Path(src["path"])
+            n = _count_lines(p if p.is_absolute() else workdir / p)
+        if n is None:
+            unknown.append(src.get("name", "?"))
+        else:
+            total += n
+    if unknown:
+        return None, f"unknown: set 'samples' on source(s) {', '.join(unknown)}"
+    held_out = int(cfg.get("prompts", {}).get("eval_samples", 0) or 0)
+    return max(total - held_out, 0), "config sources minus eval_samples"
+
+
+def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) -> dict:
+    """Bytes the hidden-state shards will take, measured or estimated (see module doc).
+
+    `rebuilding`: rules that will run (their outputs on disk are about to change); `basedir`:
+    the Snakefile's folder (bundled prompts live under it)."""
+    workdir = Path(workdir)
+    basedir = Path(basedir) if basedir is not None else Path(__file__).resolve().parents[1]
+    rebuilding = set(rebuilding)
+    hs = cfg.get("hidden_states", {})
+    dtype = hs.get("dtype", "bfloat16")
+    dtype_bytes = DTYPE_BYTES.get(dtype)
+    hidden, hidden_from = _hidden_size(cfg, workdir)
+    run = workdir / cfg["run_dir"]
+    est = {
+        "dtype": dtype,
+        "dtype_bytes": dtype_bytes,
+        "hidden_size": hidden,
+        "hidden_size_from": hidden_from,
+        "num_shards": hs.get("num_shards"),
+        "samples": None,
+        "tokens_per_sample": None,
+        "tokens": None,
+        "bytes": None,
+    }
+    meta = _read_json(run / "tokenized" / "metadata.json")
+    if meta and "tokenize" not in rebuilding and isinstance(meta.get("tokens_total"), int):
+        est.update(
+            tokens=meta["tokens_total"],
+            samples=meta.get("samples_out"),
+            basis="measured: tokenized/metadata.json",
+        )
+    else:
+        samples, samples_from = _train_samples(cfg, workdir, basedir, rebuilding)
+        max_len = cfg.get("tokenize", {}).get("max_seq_len")
+        per = hs.get("expected_tokens_per_sample")
+        if per:
+            per, per_from = (
+                min(int(per), int(max_len)) if max_len else int(per),
+                "hidden_states.expected_tokens_per_sample",
+            )
+        elif max_len:
+            per, per_from = int(max_len), "upper bound: tokenize.max_seq_len"
+        else:
+            per, per_from = None, "unknown"
+        est.update(
+            samples=samples,
+            tokens_per_sample=per,
+            basis=f"estimate: samples from {samples_from}; tokens/sample from {per_from}",
+        )
+        if samples is not None and per is not None:
+            est["tokens"] = samples * per
+    if est["tokens"] is not None and hidden and dtype_bytes:
+        est["bytes"] = hidden_state_bytes(est["tokens"], hidden, dtype)
+    probe = run
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        est["free_bytes"] = shutil.disk_usage(probe).free
+    except OSError:
+        est["free_bytes"] = None
+    est["disk_margin_bytes"] = int(float(hs.get("disk_margin_gb", 0) or 0) * 1e9)
+    return est
+
+
+__all__ = [
+    "COMMON_GPUS",
+    "DTYPE_BYTES",
+    "GPU_ENGINE_FALLBACK",
+    "HIDDEN_LAYERS_STORED",
+    "estimate_hidden_states",
+    "gpu_memory_check",
+    "hidden_state_bytes",
+    "target_status",
+]
