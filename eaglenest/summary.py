@@ -1,8 +1,20 @@
-"""The run's key parameters and headline figures in one table, for the report."""
+"""The run's key parameters and headline figures in one table, and each stage's time and memory
+as Snakemake's `benchmark:` recorded them, for the report."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from eaglenest.io import atomic_path, read_json
+
+
+def summary_stage(*, benchmark_files, out_summary, out_stage_times, **run) -> dict:
+    """The run_summary rule: the headline table (`run` holds summarize_run's inputs) and the
+    stage times."""
+    rows = summarize_run(**run, out_csv=out_summary)
+    times = summarize_stage_times(benchmark_files=benchmark_files, out_csv=out_stage_times)
+    return {"summary": dict(rows), "stage_times": times.reset_index().to_dict("records")}
 
 
 def summarize_run(
@@ -48,3 +60,38 @@ def summarize_run(
     with atomic_path(out_csv) as tmp:
         pd.DataFrame(rows, columns=["parameter", "value"]).to_csv(tmp, index=False)
     return rows
+
+
+def read_benchmark(path) -> dict:
+    """One job's record from a Snakemake benchmark file (TSV, one row per repeat: the last is
+    kept). Memory columns are MB, `NA` when the job ended before the first sample."""
+    import pandas as pd
+
+    row = pd.read_csv(path, sep="\t", na_values=["NA", "-"]).iloc[-1]
+    return {"s": float(row["s"]), "max_rss_mb": row["max_rss"], "cpu_time_s": row["cpu_time"]}
+
+
+def summarize_stage_times(*, benchmark_files, out_csv):
+    """Per stage, in the order given: jobs, wall seconds (all jobs, and the longest), CPU
+    seconds and peak resident memory. Below the files' common folder, a stage is a file's name,
+    or its folder for rules with one file per job (extract_hidden_states/shard_0.tsv)."""
+    import pandas as pd
+
+    root = os.path.commonpath([str(Path(f).parent) for f in benchmark_files])
+    rows = []
+    for f in benchmark_files:
+        rel = Path(f).relative_to(root)
+        stage = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        rows.append({"stage": stage, **read_benchmark(f)})
+    jobs = pd.DataFrame(rows)
+    table = jobs.groupby("stage", sort=False).agg(
+        jobs=("s", "size"),
+        wall_s=("s", "sum"),
+        longest_job_s=("s", "max"),
+        cpu_s=("cpu_time_s", "sum"),
+        peak_rss_mb=("max_rss_mb", "max"),
+    )
+    table = table.round({"wall_s": 1, "longest_job_s": 1, "cpu_s": 1, "peak_rss_mb": 0})
+    with atomic_path(out_csv) as tmp:
+        table.reset_index().to_csv(tmp, index=False)
+    return table

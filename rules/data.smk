@@ -1,4 +1,7 @@
 # Data stages: the target (tiny default only), prompts, regenerated responses, tokenization.
+# Every rule records its time and memory under {RUN}/benchmarks/ (read by run_summary and the
+# timeline benchmark), except the two that make the target: their outputs outlive the run (a
+# folder or the hub cache that several runs share), and a benchmark file is an output too.
 
 
 if BUILD_TINY:
@@ -44,6 +47,8 @@ rule resolve_target:
         record=TARGET_RECORD,
     log:
         f"{RUN}/logs/resolve_target.log",
+    benchmark:
+        f"{RUN}/benchmarks/resolve_target.tsv"
     params:
         target=TARGET,
         revision=config["target"]["revision"],
@@ -63,6 +68,8 @@ rule prepare_prompts:
         stats=f"{RUN}/prompts/prompts_stats.json",
     log:
         f"{RUN}/logs/prepare_prompts.log",
+    benchmark:
+        f"{RUN}/benchmarks/prepare_prompts.tsv"
     params:
         sources=config["prompts"]["sources"],
         eval_samples=config["prompts"]["eval_samples"],
@@ -80,6 +87,8 @@ rule regenerate_responses:
         responses=f"{RUN}/responses/raw_responses.jsonl",
     log:
         f"{RUN}/logs/regenerate_responses.log",
+    benchmark:
+        f"{RUN}/benchmarks/regenerate_responses.tsv"
     resources:
         gpu=GPUS,
     params:
@@ -109,6 +118,8 @@ rule tokenize:
         metadata=f"{RUN}/tokenized/metadata.json",
     log:
         f"{RUN}/logs/tokenize.log",
+    benchmark:
+        f"{RUN}/benchmarks/tokenize.tsv"
     params:
         run_dir=RUN,
         max_seq_len=config["tokenize"]["max_seq_len"],

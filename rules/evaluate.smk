@@ -17,6 +17,8 @@ rule evaluate_acceptance:
         ),
     log:
         f"{RUN}/logs/evaluate_acceptance.log",
+    benchmark:
+        f"{RUN}/benchmarks/evaluate_acceptance.tsv"
     resources:
         gpu=GPUS,
     params:
@@ -39,10 +41,27 @@ rule run_summary:
         plan=rules.plan_hidden_states.output.plan,
         metadata=rules.tokenize.output.metadata,
         target=rules.resolve_target.output.record,
+        # What Snakemake's `benchmark:` recorded for each job of the run (time, memory).
+        benchmarks=[
+            rules.resolve_target.benchmark,
+            rules.prepare_prompts.benchmark,
+            rules.regenerate_responses.benchmark,
+            rules.tokenize.benchmark,
+            rules.draft_config.benchmark,
+            rules.build_vocab_mapping.benchmark,
+            rules.plan_hidden_states.benchmark,
+            *expand(rules.extract_hidden_states.benchmark, k=range(NUM_SHARDS)),
+            rules.train_draft.benchmark,
+            rules.export_draft.benchmark,
+            rules.evaluate_acceptance.benchmark,
+        ],
     output:
         summary=report(f"{RUN}/run_summary.csv", caption="../report/run_summary.rst", category="Run"),
+        stage_times=report(f"{RUN}/stage_times.csv", caption="../report/stage_times.rst", category="Run"),
     log:
         f"{RUN}/logs/run_summary.log",
+    benchmark:
+        f"{RUN}/benchmarks/run_summary.tsv"
     params:
         lr=config["train"]["lr"],
         code=code_hash("summary", "target"),

@@ -17,6 +17,8 @@ rule train_draft:
         ),
     log:
         f"{RUN}/logs/train_draft.log",
+    benchmark:
+        f"{RUN}/benchmarks/train_draft.tsv"
     resources:
         gpu=GPUS,
     params:
@@ -40,6 +42,8 @@ rule export_draft:
         draft=directory(f"{RUN}/draft"),
     log:
         f"{RUN}/logs/export_draft.log",
+    benchmark:
+        f"{RUN}/benchmarks/export_draft.tsv"
     params:
         max_model_len=config["vllm"]["max_model_len"],
         code=code_hash("export", "target"),

@@ -16,6 +16,8 @@ rule build_vocab_mapping:
         ),
     log:
         f"{RUN}/logs/build_vocab_mapping.log",
+    benchmark:
+        f"{RUN}/benchmarks/build_vocab_mapping.tsv"
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         always_keep_ids=config["vocab"]["always_keep_ids"],
@@ -31,6 +33,8 @@ rule draft_config:
         config=f"{RUN}/draft_config.json",
     log:
         f"{RUN}/logs/draft_config.log",
+    benchmark:
+        f"{RUN}/benchmarks/draft_config.tsv"
     params:
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         draft_vocab_size=config["vocab"]["draft_vocab_size"],

@@ -107,7 +107,7 @@ def test_shards_hold_the_hidden_states_of_the_tokenized_rows(default_run):
 def test_gpu_jobs_never_overlap_and_cpu_jobs_fill_the_gaps(default_run):
     # The cap is the default profile's, as for `make run`: the harness passes none.
     assert "Using workflow specific profile profiles/default" in default_run["log"]
-    jobs = job_timeline(default_run["log"])
+    jobs = job_timeline(default_run["events"])
     assert {j["rule"] for j in jobs} >= GPU_RULES
     gpu = sorted((j for j in jobs if j["rule"] in GPU_RULES), key=lambda j: j["start"])
     for a, b in itertools.pairwise(gpu):
@@ -229,8 +229,27 @@ def test_report_renders_after_a_run(default_run):
         "acceptance.csv",
         "per_position_acceptance.png",
         "run_summary.csv",
+        "stage_times.csv",
     ):
         assert item in html, item
+
+
+def test_stage_times_come_from_each_jobs_benchmark_and_match_its_job_events(default_run):
+    """stage_times.csv sums what Snakemake's `benchmark:` recorded per job; each stage's wall
+    time agrees with the start and end the job events give for the same jobs."""
+    import pandas as pd
+
+    table = pd.read_csv(default_run["run_dir"] / "stage_times.csv").set_index("stage")
+    assert table.loc["extract_hidden_states", "jobs"] == default_run["config"]["hidden_states"]["num_shards"]
+    expected = GPU_RULES | {"resolve_target", "prepare_prompts", "tokenize", "draft_config"}
+    assert expected | {"build_vocab_mapping", "plan_hidden_states", "export_draft"} == set(table.index)
+    spans: dict[str, float] = {}
+    for j in job_timeline(default_run["events"]):
+        if j["end"] is not None:
+            spans[j["rule"]] = spans.get(j["rule"], 0.0) + j["end"] - j["start"]
+    for stage in GPU_RULES:  # the long ones: seconds to minutes
+        assert table.loc[stage, "wall_s"] == pytest.approx(spans[stage], rel=0.1, abs=2.0), stage
+    assert (table["peak_rss_mb"].dropna() > 50).all()  # a Python process with torch at least
 
 
 def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run, tmp_path):
