@@ -6,7 +6,7 @@ markers, trained on data/prompts/default.jsonl) and a synthetic `raw_responses.j
 the assistant's response, some with reasoning_content and some with two turns, in the words of
 the bundled prompts. Then times
 
-1. `eaglenest.tokenize.tokenize_responses` (render, tokenize, mask, count, write) against
+1. `eaglenest.tokenize.tokenize_stage` (render, tokenize, mask, count, write) against
    reading + `json.loads` of every line of raw_responses.jsonl;
 2. token counting (the counts over loss-masked ids that token_freq.pt holds) against reading
    + `json.loads` of every line of the resulting tokenized_data.jsonl: counting from the file
@@ -147,7 +147,7 @@ def load_rows(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def count_numpy(rows, vocab: int, chunk: int = 256) -> np.ndarray:
-    """What tokenize_responses does per chunk of 256 rows: ids[mask], concatenate, bincount."""
+    """What tokenize_stage does per chunk of 256 rows: ids[mask], concatenate, bincount."""
     counts = np.zeros(vocab, dtype=np.int64)
     for i in range(0, len(rows), chunk):
         masked = [ids[mask.astype(bool)] for ids, mask in rows[i : i + chunk]]
@@ -177,7 +177,7 @@ def main() -> None:
 
     import torch
 
-    from eaglenest.tokenize import tokenize_responses
+    from eaglenest.tokenize import tokenize_stage
 
     tmp = None
     if args.work is None:
@@ -202,7 +202,7 @@ def main() -> None:
 
         t_parse_raw = best_of(lambda: parse_only(raw), args.repeat)
         t_tok = best_of(
-            lambda: tokenize_responses(raw, target, args.max_seq_len, "truncate", data, freq, meta_path), 1
+            lambda: tokenize_stage(raw, target, args.max_seq_len, "truncate", data, freq, meta_path), 1
         )
         meta = t_tok[2]
         tok_mb = data.stat().st_size / 1e6
@@ -234,7 +234,7 @@ def main() -> None:
     print(f"{'step':<70} {'wall s':>7} {'CPU s':>7} {'MB/s (CPU)':>11}")
     lines = [
         ("raw_responses.jsonl: read + json.loads per line", t_parse_raw, raw_mb),
-        ("raw_responses.jsonl: tokenize_responses (whole stage)", t_tok, raw_mb),
+        ("raw_responses.jsonl: tokenize_stage (whole stage)", t_tok, raw_mb),
         ("tokenized_data.jsonl: read + json.loads per line", t_parse_tok, tok_mb),
         ("tokenized_data.jsonl: read + json.loads + count (numpy mask+bincount)", t_count_file, tok_mb),
         ("tokenized_data.jsonl: read + count, numpy parses the id text (no json)", t_count_text, tok_mb),
@@ -244,7 +244,7 @@ def main() -> None:
     for name, t, mb in lines:
         print(f"{name:<70} {t[0]:>7.2f} {t[1]:>7.2f} {mb / t[1]:>11.1f}")
     print(
-        f"tokenize_responses vs bare parse of its input: {t_tok[1] / t_parse_raw[1]:.0f}x the "
+        f"tokenize_stage vs bare parse of its input: {t_tok[1] / t_parse_raw[1]:.0f}x the "
         f"CPU time ({t_tok[0] / t_parse_raw[0]:.0f}x the wall time)"
     )
     ratio, ratio_text = t_parse_tok[1] / t_count_file[1], t_parse_tok[1] / t_count_text[1]

@@ -2,6 +2,13 @@
 
 The workflow (Snakefile, rules/) orders the stages; this package holds their logic so that each
 rule's script stays a thin adapter and every stage can be tested and run on its own.
+
+Each rule has one entry point of the same shape, `<module>.<name>_stage(...)` (prepare_stage,
+regenerate_stage, tokenize_stage, mapping_stage, extract_stage, train_stage, ...): its script
+calls it with keyword arguments named after the rule's inputs, params and outputs, through
+`workflow.run_logged(log, stage, **named)`, which sends the stage's logging (and a failure's
+traceback) to the rule's `log:` file. A stage writes its outputs under temporary names and
+renames them when complete.
 """
 
 __version__ = "0.1.0"

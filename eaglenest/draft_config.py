@@ -30,7 +30,7 @@ def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[
     return ids
 
 
-def build_draft_config(
+def draft_config_stage(
     target_dir,
     out_path,
     *,

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
-def export_draft(
+def export_stage(
     checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target, max_model_len: int
 ) -> dict:
     """`target`: the resolved target (eaglenest.target.Target)."""

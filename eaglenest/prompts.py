@@ -364,7 +364,7 @@ def split_eval(rows: list[dict], eval_samples: int, seed: int) -> tuple[list[dic
     return train, evals
 
 
-def prepare_prompts(
+def prepare_stage(
     sources: list[dict], eval_samples: int, seed: int, train_path, eval_path, stats_path
 ) -> dict:
     """Run the stage: write train/eval prompts and their stats; return the stats."""

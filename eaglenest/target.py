@@ -212,7 +212,7 @@ def _download(repo_id: str, revision: str | None, cache_dir) -> Path:
         ) from None
 
 
-def download_target(repo_id: str, revision: str | None, cache_dir=None) -> Path:
+def download_stage(*, repo_id: str, revision: str | None, cache_dir=None) -> Path:
     """The `download_target` rule: bring the snapshot into the hub cache."""
     return _download(repo_id, revision, cache_dir)
 

@@ -472,7 +472,7 @@ class Tally:
         }
 
 
-def tokenize_responses(
+def tokenize_stage(
     responses_path,
     target_dir,
     max_seq_len: int,
@@ -617,7 +617,7 @@ __all__ = [
     "encoding_mask",
     "prepare_messages",
     "served_token_ids",
-    "tokenize_responses",
+    "tokenize_stage",
     "tokenize_with_spans",
     "training_rows",
 ]

@@ -47,6 +47,7 @@ __all__ = [
     "compute_vocab_mapping",
     "coverage_sizes",
     "load_token_counts",
+    "mapping_stage",
     "write_coverage_plot",
 ]
 
@@ -433,3 +434,29 @@ def build_vocab_mapping(
         paths.coverage_json.parent,
     )
     return cov
+
+
+def mapping_stage(
+    *,
+    token_freq,
+    draft_vocab_size: int,
+    target,
+    always_keep_ids: Iterable[int],
+    t2d_pt,
+    d2t_pt,
+    t2d_npy,
+    d2t_npy,
+    coverage_json,
+    coverage_plot,
+) -> dict:
+    """The build_vocab_mapping rule: the mapping for the resolved target's vocabulary."""
+    paths = MappingPaths(
+        t2d_pt, d2t_pt, t2d_npy, d2t_npy, coverage_json=coverage_json, coverage_plot=coverage_plot
+    )
+    return build_vocab_mapping(
+        token_freq,
+        draft_vocab_size,
+        paths,
+        target_vocab_size=target.shape["vocab_size"],
+        always_keep_ids=always_keep_ids,
+    )

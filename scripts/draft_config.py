@@ -1,6 +1,6 @@
 """Snakemake adapter for `draft_config`: see eaglenest.draft_config."""
 
-from eaglenest.draft_config import build_draft_config
+from eaglenest.draft_config import draft_config_stage
 from eaglenest.target import load_target
 from eaglenest.workflow import run_logged
 
@@ -8,9 +8,9 @@ sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params
 run_logged(
     sm.log[0],
-    build_draft_config,
-    load_target(sm.input.target).path,
-    sm.output.config,
+    draft_config_stage,
+    target_dir=load_target(sm.input.target).path,
+    out_path=sm.output.config,
     aux_layer_ids=p.aux_layer_ids,
     draft_vocab_size=p.draft_vocab_size,
     draft_layers=p.draft_layers,

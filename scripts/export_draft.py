@@ -1,15 +1,15 @@
 """Snakemake adapter for `export_draft`: see eaglenest.export."""
 
-from eaglenest.export import export_draft
+from eaglenest.export import export_stage
 from eaglenest.target import load_target
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 run_logged(
     sm.log[0],
-    export_draft,
-    sm.input.checkpoint,
-    sm.output.draft,
+    export_stage,
+    checkpoint_dir=sm.input.checkpoint,
+    out_dir=sm.output.draft,
     t2d_pt=sm.input.t2d,
     d2t_pt=sm.input.d2t,
     draft_config_path=sm.input.draft_config,

@@ -1,23 +1,17 @@
 """Snakemake adapter for the prepare_prompts stage: see eaglenest.prompts."""
 
-import logging
+from eaglenest.prompts import prepare_stage
+from eaglenest.workflow import run_logged
 
-from eaglenest.prompts import prepare_prompts
-
-logging.basicConfig(
-    filename=snakemake.log[0],  # noqa: F821 (injected by Snakemake)
-    level=logging.INFO,
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
+p = sm.params
+run_logged(
+    sm.log[0],
+    prepare_stage,
+    sources=list(p.sources),
+    eval_samples=p.eval_samples,
+    seed=p.seed,
+    train_path=sm.output.train,
+    eval_path=sm.output.eval,
+    stats_path=sm.output.stats,
 )
-try:
-    prepare_prompts(
-        sources=list(snakemake.params.sources),  # noqa: F821
-        eval_samples=snakemake.params.eval_samples,  # noqa: F821
-        seed=snakemake.params.seed,  # noqa: F821
-        train_path=snakemake.output.train,  # noqa: F821
-        eval_path=snakemake.output.eval,  # noqa: F821
-        stats_path=snakemake.output.stats,  # noqa: F821
-    )
-except Exception:
-    logging.exception("prepare_prompts failed")
-    raise

@@ -1,7 +1,7 @@
 """Snakemake adapter for the tokenize rule: all logic lives in eaglenest.tokenize."""
 
 from eaglenest.target import keep_caches_in, load_target
-from eaglenest.tokenize import tokenize_responses
+from eaglenest.tokenize import tokenize_stage
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
@@ -10,14 +10,14 @@ keep_caches_in(p.run_dir)  # before transformers loads remote code
 target = load_target(sm.input.target)
 run_logged(
     sm.log[0],
-    tokenize_responses,
-    sm.input.responses,
-    target.path,
-    int(p.max_seq_len),
-    str(p.overlong),
-    sm.output.data,
-    sm.output.freq,
-    sm.output.metadata,
+    tokenize_stage,
+    responses_path=sm.input.responses,
+    target_dir=target.path,
+    max_seq_len=int(p.max_seq_len),
+    overlong=str(p.overlong),
+    out_data=sm.output.data,
+    out_freq=sm.output.freq,
+    out_metadata=sm.output.metadata,
     target_name=str(p.target_name or ""),
     target_revision=target.commit,
     trust_remote_code=target.trust_remote_code,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from chat_families import CASES, FAMILIES, Family, msg
 
-from eaglenest.tokenize import tokenize_responses
+from eaglenest.tokenize import tokenize_stage
 
 CORPUS = [m["content"] + " " + (m.get("reasoning_content") or "") for conv in CASES.values() for m in conv]
 
@@ -97,7 +97,7 @@ def run_stage(tmp_path, folder, rows, multi_turn="all"):
     responses = tmp_path / "raw_responses.jsonl"
     responses.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "out"
-    meta = tokenize_responses(
+    meta = tokenize_stage(
         responses,
         folder,
         4096,

@@ -69,7 +69,7 @@ def target(tmp_path_factory) -> Path:
 
 
 def test_prompts_malformed_jsonl_line(tmp_path):
-    from eaglenest.prompts import prepare_prompts
+    from eaglenest.prompts import prepare_stage
 
     src = write_jsonl_lines(
         tmp_path / "src.jsonl", [{"prompt": "one"}, {"prompt": "two"}, '{"prompt": oops}']
@@ -77,7 +77,7 @@ def test_prompts_malformed_jsonl_line(tmp_path):
     out = tmp_path / "out"
     outputs = [out / "prompts.jsonl", out / "eval_prompts.jsonl", out / "prompts_stats.json"]
     with pytest.raises(EaglenestError) as e:
-        prepare_prompts([{"name": "mine", "type": "jsonl", "path": str(src)}], 1, 0, *outputs)
+        prepare_stage([{"name": "mine", "type": "jsonl", "path": str(src)}], 1, 0, *outputs)
     msg = str(e.value)
     assert str(src) in msg and "line 3" in msg and "malformed JSON" in msg
     assert_absent(*outputs)
@@ -89,9 +89,9 @@ def tokenize_outputs(tmp_path: Path) -> list[Path]:
 
 
 def run_tokenize(target, responses, outputs):
-    from eaglenest.tokenize import tokenize_responses
+    from eaglenest.tokenize import tokenize_stage
 
-    return tokenize_responses(responses, target, 512, "truncate", *outputs)
+    return tokenize_stage(responses, target, 512, "truncate", *outputs)
 
 
 def test_tokenize_malformed_jsonl_line(tmp_path, target):
@@ -560,11 +560,11 @@ def write_checkpoint(tmp_path: Path, *, aux=AUX, d2t=None) -> Path:
 
 
 def run_export(tmp_path: Path, ckpt: Path, f: dict) -> str:
-    from eaglenest.export import export_draft
+    from eaglenest.export import export_stage
 
     out = tmp_path / "draft"
     with pytest.raises(EaglenestError) as e:
-        export_draft(
+        export_stage(
             ckpt,
             out,
             t2d_pt=f["t2d_pt"],

@@ -14,7 +14,7 @@ from eaglenest.prompts import (
     BUNDLED_DIR,
     DROP_REASONS,
     normalise_row,
-    prepare_prompts,
+    prepare_stage,
     prompt_id,
 )
 
@@ -32,7 +32,7 @@ def read_jsonl(path):
 
 def run(tmp_path, sources, eval_samples=0, seed=0, out="out"):
     o = tmp_path / out
-    stats = prepare_prompts(
+    stats = prepare_stage(
         sources, eval_samples, seed, o / "prompts.jsonl", o / "eval_prompts.jsonl", o / "prompts_stats.json"
     )
     return stats, read_jsonl(o / "prompts.jsonl"), read_jsonl(o / "eval_prompts.jsonl")
@@ -348,7 +348,7 @@ HF_SCRIPT = textwrap.dedent("""
     import pyarrow as pa, pyarrow.parquet as pq
     from pathlib import Path
     from eaglenest.errors import EaglenestError
-    from eaglenest.prompts import prepare_prompts
+    from eaglenest.prompts import prepare_stage
 
     tmp = Path(sys.argv[1])
     (tmp / "sharegpt" / "data").mkdir(parents=True)
@@ -361,7 +361,7 @@ HF_SCRIPT = textwrap.dedent("""
         [{"prompt": f"uc {i}", "messages": [{"role": "user", "content": f"uc {i}"}]}
          for i in range(4)]), tmp / "uc" / "data" / "train_sft-00000-of-00001.parquet")
     out = {}
-    stats = prepare_prompts(
+    stats = prepare_stage(
         [{"name": "sg", "type": "hf", "dataset": str(tmp / "sharegpt"), "samples": 4},
          {"name": "uc", "type": "hf", "dataset": str(tmp / "uc"), "split": "train_sft"}],
         2, 0, tmp / "o" / "t.jsonl", tmp / "o" / "e.jsonl", tmp / "o" / "s.json")
@@ -374,7 +374,7 @@ HF_SCRIPT = textwrap.dedent("""
         ("split", {"name": "s", "type": "hf", "dataset": str(tmp / "uc"), "split": "test"}),
     ]:
         try:
-            prepare_prompts([src], 0, 0, tmp / label / "t", tmp / label / "e", tmp / label / "s")
+            prepare_stage([src], 0, 0, tmp / label / "t", tmp / label / "e", tmp / label / "s")
             out[label] = None
         except EaglenestError as e:
             out[label] = str(e)

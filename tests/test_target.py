@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from eaglenest.draft_config import build_draft_config
+from eaglenest.draft_config import draft_config_stage
 from eaglenest.errors import EaglenestError
 from eaglenest.target import (
     cache_key_file,
@@ -69,7 +69,7 @@ def test_every_stage_takes_the_vocabulary_from_the_text_model(tmp_path):
     freq = tmp_path / "token_freq.pt"
     torch.save(torch.arange(1280, dtype=torch.int64), freq)
     cov = build_vocab_mapping(freq, 64, MappingPaths.in_dir(tmp_path / "vocab"), target_config=folder)
-    dcfg = build_draft_config(folder, tmp_path / "draft_config.json", aux_layer_ids=None, draft_vocab_size=64)
+    dcfg = draft_config_stage(folder, tmp_path / "draft_config.json", aux_layer_ids=None, draft_vocab_size=64)
     assert cov["target_vocab_size"] == dcfg["vocab_size"] == 1280
     assert np.load(tmp_path / "vocab" / "t2d.npy").shape == (1280,)
     assert dcfg["hidden_size"] == 64 and dcfg["eaglenest"]["aux_layer_ids"] == [2, 4, 5]

@@ -24,7 +24,7 @@ from eaglenest.tokenize import (
     chat_template_hash,
     encode_rows,
     prepare_messages,
-    tokenize_responses,
+    tokenize_stage,
     training_rows,
 )
 
@@ -99,7 +99,7 @@ def write_rows(path: Path, rows) -> Path:
 def run(tmp_path, target, rows, max_seq_len=4096, overlong="truncate", **kw):
     responses = write_rows(tmp_path / "raw_responses.jsonl", rows)
     out = tmp_path / "out"
-    meta = tokenize_responses(
+    meta = tokenize_stage(
         responses, target, max_seq_len, overlong,
         out / "tokenized_data.jsonl", out / "token_freq.pt", out / "metadata.json", **kw,
     )  # fmt: skip
@@ -439,7 +439,7 @@ def test_missing_target_dir(tmp_path):
     write_rows(tmp_path / "r.jsonl", [conv()])
     out = tmp_path / "out"
     with pytest.raises(EaglenestError, match="target model directory does not exist"):
-        tokenize_responses(tmp_path / "r.jsonl", tmp_path / "nope", 64, "truncate",
+        tokenize_stage(tmp_path / "r.jsonl", tmp_path / "nope", 64, "truncate",
                            out / "d.jsonl", out / "f.pt", out / "m.json")  # fmt: skip
     assert not out.exists() or list(out.iterdir()) == []
 
