@@ -28,6 +28,10 @@ rule all:
         summary=f"{RUN}/run_summary.csv",
 
 
+onstart:
+    start_run()
+
+
 onsuccess:
     release_server()
 

@@ -133,6 +133,44 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# verify-shards
+
+
+@subcommand
+def _verify_shards(subparsers) -> None:
+    p = subparsers.add_parser(
+        "verify-shards",
+        help="check hidden-state shards against their manifests (sizes, headers, checksums)",
+        description=(
+            "Check each shard folder (or every shard_* under a hidden_states folder): every file "
+            "the manifest lists is there with its recorded size and a whole safetensors header; "
+            "with --checksums, its sha256 as well (reads every byte). Bad files are listed with "
+            "the command that rebuilds their shard alone."
+        ),
+    )
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="shard folders, or folders holding shard_* folders")
+    p.add_argument("--checksums", action="store_true", help="also compare each file's sha256")
+    p.set_defaults(run=_run_verify_shards)
+
+
+def _run_verify_shards(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eaglenest.shard_check import verify_shards
+
+    shards = []
+    for d in map(Path, args.dirs):
+        inner = sorted(d.glob("shard_*"), key=lambda p: (len(p.name), p.name))
+        shards += inner if inner and not (d / "manifest.json").exists() else [d]
+    result = verify_shards(shards, checksums=args.checksums)
+    print(
+        f"ok: {result['files']} files in {result['shards']} shards"
+        + (", checksums match" if args.checksums else "")
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from eaglenest.io import iter_jsonl
-from eaglenest.server import SERVED_NAME, Server, ServerSpec
+from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -107,22 +107,32 @@ def acceptance_from_counters(before: dict, after: dict, k: int) -> dict:
     }
 
 
-def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: int):
-    """Greedy completions (token ids and text) for every prompt; returns (outputs, seconds)."""
+def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: int, stall_timeout_s: float):
+    """Greedy completions (token ids and text) for every prompt; returns (outputs, seconds).
+    Every prompt must be answered (the methods are compared prompt by prompt): a request that
+    fails twice, or a server silent for `stall_timeout_s`, fails the stage."""
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
 
-    client = openai.OpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=2, timeout=600)
+    client = openai.OpenAI(
+        base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
+    )
+    watch = StallWatch(server, stall_timeout_s)
 
     def one(p):
-        r = client.chat.completions.create(
-            model=SERVED_NAME,
-            messages=p["messages"],
-            max_tokens=max_tokens,
-            temperature=0.0,
-            extra_body={"return_token_ids": True, "ignore_eos": False},
-        )
+        try:
+            r = client.chat.completions.create(
+                model=SERVED_NAME,
+                messages=p["messages"],
+                max_tokens=max_tokens,
+                temperature=0.0,
+                extra_body={"return_token_ids": True, "ignore_eos": False},
+            )
+        except openai.APIError as e:
+            watch.check(e)
+            raise ServerError(f"prompt {p['id']}: the server failed it twice: {e}", server.log_path) from e
+        watch.answered()
         c = r.choices[0]
         ids = (c.model_extra or {}).get("token_ids")
         return {
@@ -133,16 +143,26 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
         }
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(concurrency) as pool:
+    pool = ThreadPoolExecutor(concurrency)
+    try:
         outs = list(pool.map(one, prompts))
+    finally:  # on a failure, fail now: queued prompts are dropped, not sent to a hung server
+        pool.shutdown(wait=False, cancel_futures=True)
     return outs, time.monotonic() - t0
 
 
 def evaluate_method(
-    server: Server, prompts: list[dict], *, k: int, max_tokens: int, concurrency: int, spec_decoding: bool
+    server: Server,
+    prompts: list[dict],
+    *,
+    k: int,
+    max_tokens: int,
+    concurrency: int,
+    spec_decoding: bool,
+    stall_timeout_s: float,
 ) -> tuple[dict, list[dict]]:
     before = read_spec_metrics(server) if spec_decoding else None
-    outs, seconds = generate(server, prompts, max_tokens, concurrency)
+    outs, seconds = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
     tokens = sum(o["completion_tokens"] for o in outs)
     if spec_decoding:
         result = acceptance_from_counters(before, read_spec_metrics(server), k)
@@ -313,6 +333,7 @@ def evaluate_stage(
                 max_tokens=max_tokens,
                 concurrency=concurrency,
                 spec_decoding=method != "no_spec",
+                stall_timeout_s=server_cfg["stall_timeout_s"],
             )
         if method == "no_spec":
             reference = outs

@@ -26,7 +26,8 @@ from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, iter_jsonl
 from eaglenest.run_estimate import hidden_state_bytes
-from eaglenest.server import SERVED_NAME, Server, ServerSpec, check_alive
+from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
+from eaglenest.shard_check import file_record
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def extract_shard_vllm(
     dtype: str,
     meta: dict,
     concurrency: int = 4,
-    request_timeout_s: float = 600.0,
+    stall_timeout_s: float = 1800.0,
 ) -> dict:
     """Write shard `shard` of `num_shards` (of `num_rows` rows) through a running extraction
     server. The engine's file already has the trainer's format: where it is in the stored
@@ -143,15 +144,27 @@ def extract_shard_vllm(
 
     start, stop = shard_bounds(num_rows, num_shards, shard)
     rows = read_rows(tokenized_path, start, stop)
-    client = openai.OpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=2, timeout=request_timeout_s)
+    # A shard must be whole: a request that fails twice, or a server silent for
+    # stall_timeout_s (hung), fails the job; the finished shards stay.
+    client = openai.OpenAI(
+        base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
+    )
+    watch = StallWatch(server, stall_timeout_s)
     t0 = time.monotonic()
 
     def one(item, tmp: Path):
         i, row = item
         ids = row["input_ids"]
-        _handle, params = generate_hidden_states(
-            client, SERVED_NAME, {"input_ids": ids}, timeout=request_timeout_s
-        )
+        try:
+            _handle, params = generate_hidden_states(
+                client, SERVED_NAME, {"input_ids": ids}, timeout=stall_timeout_s
+            )
+        except openai.APIError as e:
+            watch.check(e)
+            raise ServerError(
+                f"row {i} (id {row['id']}): the server failed it twice: {e}", server.log_path
+            ) from e
+        watch.answered()
         path = params["hidden_states_path"]
         data = load_hidden_states(path)  # waits until the engine has written it
         validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
@@ -162,20 +175,26 @@ def extract_shard_vllm(
         else:
             _save(out, data["hidden_states"], data["token_ids"], dtype)
             cleanup_hidden_states(path)
-        return len(ids)
+        return len(ids), out.name, file_record(out)
 
     with atomic_path(out_dir, is_dir=True) as tmp:
+        pool = ThreadPoolExecutor(concurrency)
         try:
-            with ThreadPoolExecutor(concurrency) as pool:
-                tokens = sum(pool.map(lambda it: one(it, tmp), rows))
+            done = list(pool.map(lambda it: one(it, tmp), rows))
         except openai.APIError:
             check_alive(server)
             raise
-        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta, time.monotonic() - t0)
+        finally:  # on a failure, fail now: queued rows are dropped, not sent to a hung server
+            pool.shutdown(wait=False, cancel_futures=True)
+        tokens, files = sum(n for n, _, _ in done), {name: rec for _, name, rec in done}
+        stats = _write_manifest(
+            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
+        )
     return stats
 
 
-def _write_manifest(tmp: Path, start, stop, tokens, hidden_size, dtype, meta, seconds) -> dict:
+def _write_manifest(tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds) -> dict:
+    """The shard's record; `files` maps each file name to its size and sha256 (shard_check)."""
     stats = {
         "rows": [start, stop],
         "samples": stop - start,
@@ -186,6 +205,7 @@ def _write_manifest(tmp: Path, start, stop, tokens, hidden_size, dtype, meta, se
         "seconds": round(seconds, 3),
         "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
         **meta,
+        "files": dict(sorted(files.items(), key=lambda kv: int(kv[0][3:].split(".")[0]))),
     }
     (tmp / "manifest.json").write_text(json.dumps(stats, indent=2) + "\n")
     log.info("shard rows %d..%d: %d tokens in %.1f s", start, stop, tokens, seconds)
@@ -234,7 +254,7 @@ def extract_shard_transformers(
     )
     start, stop = shard_bounds(num_rows, num_shards, shard)
     t0 = time.monotonic()
-    tokens = 0
+    tokens, files = 0, {}
     with atomic_path(out_dir, is_dir=True) as tmp, torch.inference_mode():
         for i, row in read_rows(tokenized_path, start, stop):
             ids = torch.tensor([row["input_ids"]])
@@ -248,8 +268,11 @@ def extract_shard_transformers(
                 f"{tokenized_path} row {i}",
             )
             _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype)
+            files[f"hs_{i}.safetensors"] = file_record(tmp / f"hs_{i}.safetensors")
             tokens += ids.shape[1]
-        stats = _write_manifest(tmp, start, stop, tokens, hidden_size, dtype, meta, time.monotonic() - t0)
+        stats = _write_manifest(
+            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
+        )
     return stats
 
 
@@ -404,4 +427,5 @@ def extract_stage(
             dtype=dtype,
             meta=meta,
             concurrency=concurrency,
+            stall_timeout_s=server_cfg["stall_timeout_s"],
         )

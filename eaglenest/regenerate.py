@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from eaglenest.io import iter_jsonl, write_jsonl
-from eaglenest.server import SERVED_NAME, Server, check_alive
+from eaglenest.server import SERVED_NAME, Server, StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Progress:
             log.info("[%-20s] %d/%d responses, %.2f/s, ETA %.0f s", bar, self.done, self.total, rate, eta)
 
 
-async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server: Server) -> dict:
+async def _answer(client, prompt: dict, sampling: dict, max_retries: int, watch: StallWatch) -> dict:
     import openai
 
     delay = 1.0
@@ -113,9 +113,10 @@ async def _answer(client, prompt: dict, sampling: dict, max_retries: int, server
                         "completion_token_ids": getattr(choice, "token_ids", None),
                     }
                 )
+            watch.answered()
             return {"id": prompt["id"], "responses": responses}
         except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
-            check_alive(server)  # a dead server is not worth retrying
+            watch.check(e)  # a dead or hung server is not worth retrying
             if attempt == max_retries:
                 return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
             log.warning(
@@ -134,16 +135,20 @@ async def _regenerate(
     max_retries: int,
     timeout_s: float,
     progress_file: Path,
+    stall_timeout_s: float,
 ) -> None:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=server.api_url, api_key="EMPTY", max_retries=0, timeout=timeout_s)
+    client = openai.AsyncOpenAI(
+        base_url=server.api_url, api_key=server.client_key, max_retries=0, timeout=timeout_s
+    )
     sem = asyncio.Semaphore(concurrency)
     bar = Progress(len(todo))
+    watch = StallWatch(server, stall_timeout_s)
 
     async def one(prompt):
         async with sem:
-            return await _answer(client, prompt, sampling, max_retries, server)
+            return await _answer(client, prompt, sampling, max_retries, watch)
 
     with open(progress_file, "a") as out:
         for fut in asyncio.as_completed([one(p) for p in todo]):
@@ -177,6 +182,7 @@ def regenerate_responses(
     concurrency: int = 8,
     max_retries: int = 3,
     request_timeout_s: float = 600.0,
+    stall_timeout_s: float = 1800.0,
 ) -> dict:
     """Answer every prompt in `prompts_path` through `server` (serving `target`); write
     `out_path`. Returns counts."""
@@ -193,7 +199,11 @@ def regenerate_responses(
         len(todo),
     )
     if todo:
-        asyncio.run(_regenerate(server, todo, sampling, concurrency, max_retries, request_timeout_s, pfile))
+        asyncio.run(
+            _regenerate(
+                server, todo, sampling, concurrency, max_retries, request_timeout_s, pfile, stall_timeout_s
+            )
+        )
     # The last record of an id wins: an error followed by a later success is a success.
     final: dict[str, dict] = {}
     with open(pfile) as f:
@@ -252,5 +262,6 @@ def regenerate_stage(
             concurrency=concurrency,
             max_retries=max_retries,
             request_timeout_s=request_timeout_s,
+            stall_timeout_s=server_cfg["stall_timeout_s"],
             target=target,
         )

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -65,6 +66,9 @@ class Server:
     key: str
     log_path: str
     host: str = field(default_factory=socket.gethostname)
+    # A random token the server requires on /v1 (VLLM_API_KEY): proves a port answers for this
+    # server and not for another run's that took the same port. Never logged.
+    api_key: str = ""
 
     @property
     def base_url(self) -> str:
@@ -78,7 +82,16 @@ class Server:
         return pid_alive(self.pid)
 
     def healthy(self) -> bool:
-        return self.alive() and _http_ok(f"{self.base_url}/health")
+        return self.alive() and _http_ok(f"{self.base_url}/health") and self.owns_port()
+
+    def owns_port(self) -> bool:
+        """Whether the port answers with this server's token (a foreign server says 401)."""
+        return _http_status(f"{self.api_url}/models", self.api_key) == 200
+
+    @property
+    def client_key(self) -> str:
+        """The key OpenAI clients send."""
+        return self.api_key or "EMPTY"
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
@@ -168,11 +181,23 @@ def pid_alive(pid: int) -> bool:
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    return _http_status(url, timeout=timeout) == 200
+
+
+def _http_status(url: str, api_key: str = "", timeout: float = 2.0) -> int | None:
+    """The HTTP status of a GET (None: no answer)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status == 200
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
     except (urllib.error.URLError, OSError, ValueError):
-        return False
+        return None
+
+
+class PortTaken(ServerError):
+    """Another process answered on the port chosen for a new server."""
 
 
 def group_members(pgid: int) -> list[int]:
@@ -228,15 +253,31 @@ def server_command(spec: ServerSpec, port: int) -> list[str]:
     ]
 
 
+PORT_ATTEMPTS = 3
+
+
 def start(
     spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None, timeout_s: float = 900.0
 ) -> Server:
-    """Start a server detached (own session) and wait until it is healthy."""
+    """Start a server detached (own session) and wait until it is healthy. A free port can be
+    taken by another run's server before this one binds it: then another port is tried."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _start_once(spec, run_dir, log_path, watch_pid=watch_pid, timeout_s=timeout_s)
+        except PortTaken as e:
+            if attempt == PORT_ATTEMPTS:
+                raise
+            log.warning("%s; trying another port", e.problem)
+    raise AssertionError("unreachable")
+
+
+def _start_once(spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None, timeout_s: float) -> Server:
     bypass_proxy_for_loopback()  # this process's health checks and clients
     port = free_port()
+    api_key = secrets.token_hex(16)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **engine_env(run_dir), **dict(spec.env)}
+    env = {**os.environ, **engine_env(run_dir), **dict(spec.env), "VLLM_API_KEY": api_key}
     cmd = server_command(spec, port)
     if watch_pid:
         cmd = [sys.executable, "-m", "eaglenest.supervise", str(watch_pid), "--", *cmd]
@@ -251,7 +292,7 @@ def start(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    server = Server(pid=proc.pid, port=port, key=spec.key(), log_path=str(log_path))
+    server = Server(pid=proc.pid, port=port, key=spec.key(), log_path=str(log_path), api_key=api_key)
     log.info("vLLM server starting: pid %d, port %d, log %s", proc.pid, port, log_path)
     t0 = time.monotonic()
     try:
@@ -266,12 +307,18 @@ def start(
 def wait_healthy(server: Server, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not server.alive():
+        alive = server.alive()
+        status = _http_status(f"{server.api_url}/models", server.api_key)
+        if status in (401, 403):  # a server that is not ours answers there (ours may have died binding)
+            raise PortTaken(
+                f"port {server.port} is served by another process, not this server", server.log_path
+            )
+        if not alive:
             raise ServerError(
                 f"vLLM server exited during start-up. Last lines of its log:\n{server.log_tail()}",
                 server.log_path,
             )
-        if _http_ok(f"{server.base_url}/health") and _http_ok(f"{server.api_url}/models"):
+        if status == 200 and _http_ok(f"{server.base_url}/health"):
             return
         time.sleep(1.0)
     raise ServerError(
@@ -315,7 +362,8 @@ class Lease:
         tmp.write_text(json.dumps(asdict(server)))
         os.replace(tmp, self.path)
         with open(self.dir / "starts.log", "a") as f:
-            f.write(json.dumps({"time": time.time(), **asdict(server)}) + "\n")
+            public = {k: v for k, v in asdict(server).items() if k != "api_key"}
+            f.write(json.dumps({"time": time.time(), **public}) + "\n")
 
     def acquire(self, spec: ServerSpec, *, timeout_s: float = 900.0) -> Server:
         """A healthy server for `spec`: the running one if it matches, else a fresh one."""
@@ -381,6 +429,36 @@ def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float =
         yield server
     finally:
         stop_pid(server.pid)
+
+
+class StallWatch:
+    """Fails a stage whose server hangs: alive, accepting connections, answering nothing.
+
+    Each answered request calls `answered()`; each failed one calls `check()`, which raises
+    once no request has been answered for `stall_timeout_s` (vllm.stall_timeout_s). Requests
+    carry their own timeouts, so a failure always comes and the stage ends within
+    stall_timeout_s plus one request timeout, never waits forever.
+    """
+
+    def __init__(self, server: Server, stall_timeout_s: float):
+        self.server, self.stall_timeout_s = server, stall_timeout_s
+        self.last = time.monotonic()
+
+    def answered(self) -> None:
+        self.last = time.monotonic()
+
+    def check(self, error: BaseException) -> None:
+        check_alive(self.server)
+        silent = time.monotonic() - self.last
+        if silent >= self.stall_timeout_s:
+            raise ServerError(
+                f"vLLM server (pid {self.server.pid}, port {self.server.port}) is alive but has "
+                f"answered no request for {silent:.0f} s (vllm.stall_timeout_s: "
+                f"{self.stall_timeout_s:g}); it is hung. Last request error: "
+                f"{type(error).__name__}: {error}. Finished work is kept: rerun to resume. "
+                f"Last lines of its log:\n{self.server.log_tail()}",
+                self.server.log_path,
+            )
 
 
 def check_alive(server: Server) -> None:

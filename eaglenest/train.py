@@ -325,8 +325,12 @@ def train_stage(
     from eaglenest.hidden_states import link_training_data
     from eaglenest.io import atomic_path, read_json, write_json
     from eaglenest.server import Lease
+    from eaglenest.shard_check import verify_shards
     from eaglenest.workflow import resolve_device
 
+    # A file truncated or corrupted after its shard finished must fail here, naming the file
+    # and the shard, not hours into training inside speculators' data loader.
+    log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
     log.info(
         "training inputs agree: %s", check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy)
     )

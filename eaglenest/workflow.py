@@ -27,8 +27,12 @@ def setup_logging(log_path) -> logging.Logger:
 
 
 def run_logged(log_path, fn, *args, **kwargs):
-    """Run a stage with logging to its log file; a failure's traceback goes there too."""
+    """Run a stage with logging to its log file; a failure's traceback goes there too. SIGTERM
+    unwinds the stage cleanly (eaglenest.run_guard)."""
+    from eaglenest.run_guard import stop_on_sigterm
+
     log = setup_logging(log_path)
+    stop_on_sigterm()
     try:
         return fn(*args, **kwargs)
     except Exception:

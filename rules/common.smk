@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from eaglenest.errors import EaglenestError
+from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.target import HUB_ID, cache_key_file, check_target, on_hub
 from eaglenest.workflow import code_hash, vllm_base_args, vllm_env
@@ -93,7 +94,18 @@ def server_params():
         "device": config["vllm"]["device"],
         "reuse": config["vllm"]["reuse_server"],
         "startup_timeout_s": config["vllm"]["startup_timeout_s"],
+        "stall_timeout_s": config["vllm"]["stall_timeout_s"],
     }
+
+
+def start_run():
+    """The main process, before the first job: one workflow per run folder, and SIGTERM
+    reaches the running jobs (eaglenest.run_guard)."""
+    try:
+        claim_run_folder(RUN)
+    except EaglenestError as e:
+        raise WorkflowError(str(e))
+    forward_sigterm_to_jobs()
 
 
 def release_server():

@@ -46,6 +46,14 @@ rule extract_hidden_states:
         backend=config["hidden_states"]["backend"],
         concurrency=config["hidden_states"]["concurrency"],
         server=server_params(),
-        code=code_hash("hidden_states", "draft_config", "run_estimate", "server", "cpu_connector", "target"),
+        code=code_hash(
+            "hidden_states",
+            "draft_config",
+            "run_estimate",
+            "shard_check",
+            "server",
+            "cpu_connector",
+            "target",
+        ),
     script:
         "../scripts/extract_hidden_states.py"

@@ -26,7 +26,7 @@ rule train_draft:
         hp=config["train"],
         gpus=GPUS,
         device=config["vllm"]["device"],
-        code=code_hash("train", "contracts", "hidden_states", "draft_config", "target"),
+        code=code_hash("train", "contracts", "hidden_states", "shard_check", "draft_config", "target"),
     script:
         "../scripts/train_draft.py"
 

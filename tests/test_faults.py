@@ -1,0 +1,320 @@
+"""Faults a long run meets (issue: corrupted shards, full disks, preemption, hung servers,
+repeated kills), each on small CPU material."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglenest import cli
+from eaglenest.errors import EaglenestError
+from eaglenest.hidden_states import _save, _write_manifest
+from eaglenest.server import Server, ServerError
+from eaglenest.shard_check import file_record, verify_shards
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------------
+# 1. A shard file corrupted or truncated after its job finished
+
+
+def _shard(folder, rows: range, hidden: int = 8):
+    """A shard as extraction leaves it: safetensors files and a manifest listing them."""
+    folder.mkdir(parents=True)
+    files = {}
+    for i in rows:
+        n = 5 + i
+        _save(folder / f"hs_{i}.safetensors", torch.randn(n, 4, hidden), torch.arange(n), "bfloat16")
+        files[f"hs_{i}.safetensors"] = file_record(folder / f"hs_{i}.safetensors")
+    _write_manifest(
+        folder, rows.start, rows.stop, 0, files, hidden, "bfloat16", {"aux_layer_ids": [1, 2, 3]}, 1.0
+    )
+    return folder
+
+
+@pytest.fixture
+def shards(tmp_path):
+    root = tmp_path / "results" / "hidden_states"
+    return [_shard(root / "shard_0", range(0, 3)), _shard(root / "shard_1", range(3, 6))]
+
+
+def test_intact_shards_pass_with_and_without_checksums(shards):
+    assert verify_shards(shards) == {"shards": 2, "files": 6, "checksums": False}
+    assert verify_shards(shards, checksums=True)["checksums"]
+    manifest = json.loads((shards[1] / "manifest.json").read_text())
+    assert list(manifest["files"]) == ["hs_3.safetensors", "hs_4.safetensors", "hs_5.safetensors"]
+
+
+def test_a_truncated_file_is_named_with_its_shard_and_the_command_that_rebuilds_it(shards):
+    bad = shards[1] / "hs_4.safetensors"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # a partial copy
+    with pytest.raises(EaglenestError) as e:
+        verify_shards(shards)
+    msg = str(e.value)
+    assert f"{bad} (shard shard_1)" in msg and "the manifest says" in msg
+    assert f"snakemake --cores all --force {shards[1]}" in msg
+    assert f"--force {shards[0]}" not in msg  # the intact shard is not to be rebuilt
+
+
+def test_a_truncated_file_without_a_size_record_fails_on_its_header(shards):
+    """Shards written before manifests listed files are still checked, by their headers."""
+    manifest = json.loads((shards[0] / "manifest.json").read_text())
+    del manifest["files"]
+    (shards[0] / "manifest.json").write_text(json.dumps(manifest))
+    bad = shards[0] / "hs_1.safetensors"
+    bad.write_bytes(bad.read_bytes()[:-7])
+    with pytest.raises(EaglenestError, match=r"hs_1.safetensors \(shard shard_0\): data should end at byte"):
+        verify_shards(shards)
+
+
+def test_a_flipped_byte_passes_the_cheap_check_and_fails_the_checksums(shards):
+    bad = shards[0] / "hs_2.safetensors"
+    data = bytearray(bad.read_bytes())
+    data[-3] ^= 0xFF  # inside the tensor data: same size, same header
+    bad.write_bytes(bytes(data))
+    verify_shards(shards)
+    with pytest.raises(EaglenestError, match=r"hs_2.safetensors \(shard shard_0\): sha256 differs"):
+        verify_shards(shards, checksums=True)
+
+
+def test_a_missing_file_and_a_garbled_header_are_both_reported(shards):
+    (shards[0] / "hs_0.safetensors").unlink()
+    bad = shards[1] / "hs_5.safetensors"
+    data = bytearray(bad.read_bytes())
+    data[8:12] = b"\x00\xff\x00\xff"  # inside the JSON header
+    bad.write_bytes(bytes(data))
+    with pytest.raises(EaglenestError) as e:
+        verify_shards(shards)
+    assert "hs_0.safetensors (shard shard_0): missing" in str(e.value)
+    assert "hs_5.safetensors (shard shard_1): header is not valid JSON" in str(e.value)
+    assert "2 hidden-state file(s) in 2 shard(s)" in str(e.value)
+
+
+def test_verify_shards_command_takes_the_hidden_states_folder(shards, capsys):
+    assert cli.main(["verify-shards", str(shards[0].parent), "--checksums"]) == 0
+    assert "ok: 6 files in 2 shards, checksums match" in capsys.readouterr().out
+    f = shards[1] / "hs_3.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+    assert cli.main(["verify-shards", str(shards[0].parent)]) == 1
+    assert f"--force {shards[1]}" in capsys.readouterr().err
+
+
+def test_training_refuses_a_truncated_shard_before_it_starts_anything(shards, tmp_path):
+    """The train stage checks the files first: no training folder, no server released."""
+    from eaglenest.train import train_stage
+
+    bad = shards[0] / "hs_0.safetensors"
+    bad.write_bytes(bad.read_bytes()[:-1])
+    run_dir = tmp_path / "results"
+    with pytest.raises(EaglenestError, match="nothing was trained on them"):
+        train_stage(
+            run_dir=run_dir,
+            target=None,
+            shard_dirs=[str(s) for s in shards],
+            tokenized_path=None,
+            t2d_npy=None,
+            d2t_npy=None,
+            draft_config_path=None,
+            hp={},
+            gpus=0,
+            device="cpu",
+            out_checkpoint=run_dir / "train" / "checkpoint",
+            out_metrics=run_dir / "train" / "metrics.json",
+            out_curves=run_dir / "train" / "curves.png",
+            log_file=None,
+        )
+    assert not (run_dir / ".eaglenest").exists() and not (run_dir / "train").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# 4. A server that hangs: alive, accepting connections, never answering
+
+# An OpenAI-style server on PORT (0: any) that answers its first ANSWER requests, then accepts and
+# never replies. Like vLLM given VLLM_API_KEY, it wants that token on /v1 (401 otherwise).
+FAKE_SERVER = """
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+answer, port, seen = int(sys.argv[1]), int(sys.argv[2]), [0]
+key = os.environ.get("VLLM_API_KEY", "")
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        ok = self.path == "/health" or not key or self.headers.get("Authorization") == "Bearer " + key
+        self.send_response(200 if ok else 401); self.send_header("Content-Length", "0"); self.end_headers()
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        seen[0] += 1
+        if seen[0] > answer:
+            time.sleep(3600)
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "target",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "ok"}}]}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+s = ThreadingHTTPServer(("127.0.0.1", port), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+@contextlib.contextmanager
+def fake_server(tmp_path, answer: int, api_key: str = ""):
+    env = {**os.environ, "VLLM_API_KEY": api_key}
+    cmd = [sys.executable, "-c", FAKE_SERVER, str(answer), "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        port = int(proc.stdout.readline())
+        log = tmp_path / f"server-{port}.log"
+        log.write_text("INFO: the fake server's log\n")
+        yield Server(pid=proc.pid, port=port, key="fake", log_path=str(log), api_key=api_key)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _prompts(tmp_path, n: int):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+            for i in range(n)
+        )
+    )
+    return path
+
+
+def test_regeneration_against_a_hung_server_ends_within_the_bound_and_keeps_what_was_answered(tmp_path):
+    from eaglenest.regenerate import progress_path, regenerate_responses
+
+    prompts, out, run_dir = _prompts(tmp_path, 4), tmp_path / "raw_responses.jsonl", tmp_path / "run"
+    kw = {"target": "org/model", "sampling": {}, "concurrency": 1, "max_retries": 5, "request_timeout_s": 1.0}
+    with fake_server(tmp_path, answer=2) as server:
+        t0 = time.monotonic()
+        with pytest.raises(
+            ServerError, match=r"is alive but has answered no request for \d+ s .*it is hung"
+        ) as e:
+            regenerate_responses(server, prompts, out, run_dir, stall_timeout_s=3.0, **kw)
+        took = time.monotonic() - t0
+    assert 3.0 <= took < 3.0 + 1.0 + 4.0 + 2.0  # the stall bound, one request timeout, a backoff, slack
+    assert "the fake server's log" in str(e.value)  # its log tail, for the user
+    assert not out.exists()
+    rows = [
+        json.loads(line) for line in progress_path(run_dir, "fake", {}, "org/model").read_text().splitlines()
+    ]
+    answered = [r["id"] for r in rows if "error" not in r]
+    assert len(answered) == 2 and set(answered) < {"p0", "p1", "p2", "p3"}
+    with fake_server(tmp_path, answer=100) as healthy:  # the rerun sends only what is unanswered
+        healthy = dataclasses.replace(healthy, key="fake")
+        counts = regenerate_responses(healthy, prompts, out, run_dir, stall_timeout_s=3.0, **kw)
+    assert (counts["resumed"], counts["sent"], counts["failed"]) == (2, 2, 0)
+
+
+def test_evaluation_against_a_hung_server_fails_within_twice_the_stall_timeout(tmp_path):
+    """A request and its retry each wait stall_timeout_s; then the stage fails at once (the
+    requests still in flight end on their own timeouts while the process exits)."""
+    from eaglenest.evaluate import generate
+
+    prompts = [json.loads(line) for line in _prompts(tmp_path, 3).read_text().splitlines()]
+    with fake_server(tmp_path, answer=0) as server:
+        t0 = time.monotonic()
+        with pytest.raises(ServerError, match="it is hung"):
+            generate(server, prompts, max_tokens=4, concurrency=2, stall_timeout_s=1.5)
+        assert time.monotonic() - t0 < 2 * 1.5 + 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Two runs at once
+
+
+def test_a_port_answered_by_another_runs_server_is_never_taken_for_ours(tmp_path):
+    """Each server has its own token: another run's server on the same port answers 401."""
+    from eaglenest.server import PortTaken, wait_healthy
+
+    with fake_server(tmp_path, answer=0, api_key="theirs") as theirs:
+        wait_healthy(theirs, timeout_s=10)  # its own token: healthy
+        ours = dataclasses.replace(theirs, api_key="ours")
+        assert not ours.healthy()
+        with pytest.raises(PortTaken, match=f"port {theirs.port} is served by another process"):
+            wait_healthy(ours, timeout_s=10)
+
+
+def test_start_moves_to_another_port_when_the_first_is_taken(tmp_path, monkeypatch, caplog):
+    from eaglenest import server as srv
+
+    with fake_server(tmp_path, answer=0, api_key="theirs") as theirs:
+        ports = iter([theirs.port, srv.free_port()])
+        monkeypatch.setattr(srv, "free_port", lambda: next(ports))
+        # Our "server" is the fake one too, on the port it is given (binding a taken port fails).
+        monkeypatch.setattr(
+            srv, "server_command", lambda spec, port: [sys.executable, "-c", FAKE_SERVER, "0", str(port)]
+        )
+        ours = srv.start(srv.ServerSpec(model="m"), tmp_path / "run", tmp_path / "ours.log", timeout_s=20)
+        try:
+            assert ours.port != theirs.port and ours.healthy() and ours.api_key not in (theirs.api_key, "")
+            assert f"port {theirs.port} is served by another process" in caplog.text
+        finally:
+            srv.stop_pid(ours.pid)
+
+
+def _workflow(workdir, run_dir, *targets):
+    """The real workflow on the default config, in `workdir`, writing into `run_dir`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--cores",
+        "1",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+    ]
+    cmd += [
+        "--configfile",
+        str(REPO / "config" / "config.yaml"),
+        "--config",
+        f"run_dir={run_dir}",
+        "--",
+        *targets,
+    ]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_run_folder_in_use_by_another_workflow_is_refused_with_what_to_do(tmp_path):
+    from eaglenest.run_guard import claim_run_folder
+
+    run_dir = tmp_path / "shared_run"
+    claim_run_folder(run_dir)  # another workflow (this test process) holds the run folder
+    proc = _workflow(tmp_path / "elsewhere", run_dir, f"{run_dir}/prompts/prompts.jsonl")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert f"run folder {run_dir} is in use by another workflow (pid {os.getpid()} on" in out
+    assert "Wait for it to end or stop it, or give this run its own run_dir" in out
+    assert [p.name for p in run_dir.rglob("*") if p.is_file()] == ["run.lock"]  # nothing written
+
+
+def test_two_run_folders_run_at_once_and_touch_only_their_own_files(tmp_path):
+    runs = {name: tmp_path / name / "run" for name in ("a", "b")}
+    procs = {
+        name: _workflow(tmp_path / name, run, f"{run}/prompts/prompts.jsonl") for name, run in runs.items()
+    }
+    for proc in procs.values():
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out
+    for name, run in runs.items():
+        files = [p.relative_to(tmp_path) for p in run.rglob("*") if p.is_file()]
+        assert Path(name, "run", "prompts", "prompts.jsonl") in files
+        assert all(f.parts[0] == name for f in files)
+    assert (runs["a"] / "prompts" / "prompts.jsonl").read_bytes() == (
+        runs["b"] / "prompts" / "prompts.jsonl"
+    ).read_bytes()
