@@ -13,6 +13,21 @@ from eaglenest.io import write_json
 from eaglenest.target import read_config, read_shape, text_config
 
 
+def draft_parameter_count(cfg: dict) -> int:
+    """Parameters of speculators' EAGLE-3 draft for a draft config (draft_config.json): the
+    target-vocabulary embedding, the fc layer that folds the three aux layers into one, the
+    decoder layers (the first reads embedding and hidden state side by side, 2 x hidden), the
+    final norm and the draft-vocabulary head."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    vocab, draft_vocab = cfg["eaglenest"]["target_vocab_size"], cfg["eaglenest"]["draft_vocab_size"]
+    total = vocab * h + 3 * h * h + h + draft_vocab * h
+    for layer in range(layers):
+        width = 2 * h if layer == 0 else h
+        total += width * (q + 2 * kv) + q * h + 3 * h * inter + width + h
+    return total
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's usual choice: an early, a middle and a late layer."""
     return [2, num_layers // 2, num_layers - 3]

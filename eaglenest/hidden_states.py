@@ -24,7 +24,7 @@ import torch
 
 from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path, iter_jsonl
+from eaglenest.io import atomic_path, disk_full, free_bytes, iter_jsonl, room_for
 from eaglenest.run_estimate import hidden_state_bytes
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
 from eaglenest.shard_check import file_record
@@ -309,10 +309,7 @@ def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
 
 def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
     out_dir = Path(out_dir)
-    probe = out_dir
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    free = free_bytes(out_dir)
     if free < needed + margin_bytes:
         raise EaglenestError(
             f"not enough disk for hidden states: need {needed / 1e9:.2f} GB + "
@@ -384,10 +381,30 @@ def extract_stage(
 ) -> dict:
     """The `extract_hidden_states` rule for one shard."""
     from eaglenest.io import read_json
+
+    plan = read_json(plan_path)
+    # A full disk during extraction: ours shows as an OSError; the engine's (it writes each
+    # sample into the spool first) as requests that fail. Either way the shard is left out whole.
+    folder, needed = Path(out_dir).parent, plan["bytes"] // num_shards
+    with room_for(folder, needed, f"hidden-state shard {shard}"):
+        try:
+            return _extract(
+                run_dir, target, tokenized_path, out_dir, plan, shard, num_shards, dtype, backend,
+                concurrency, server_cfg, trust_remote_code,
+            )  # fmt: skip
+        except ServerError as e:
+            if free_bytes(folder) < needed:
+                raise disk_full(folder, needed, f"hidden-state shard {shard}") from e
+            raise
+
+
+def _extract(
+    run_dir, target, tokenized_path, out_dir, plan, shard, num_shards, dtype, backend, concurrency, server_cfg,
+    trust_remote_code,
+) -> dict:  # fmt: skip
     from eaglenest.server import serving
     from eaglenest.workflow import resolve_device
 
-    plan = read_json(plan_path)
     aux, n, hidden = plan["aux_layer_ids"], plan["target_num_layers"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
     if backend == "transformers":

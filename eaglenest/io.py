@@ -7,6 +7,7 @@ when complete, so a crash or a kill never leaves a file that looks finished.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -94,3 +95,65 @@ def iter_jsonl(path) -> Iterator[dict]:
 
 def read_jsonl(path) -> list[dict]:
     return list(iter_jsonl(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Full disks
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota on shared storage
+
+
+class DiskFull(EaglenestError):
+    """A stage ran out of disk: names the folder, the bytes it needs and the bytes free."""
+
+
+def human_bytes(n) -> str:
+    if n is None:
+        return "unknown"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def free_bytes(folder) -> int:
+    """Free bytes where `folder` is (or would be created)."""
+    probe = Path(folder).resolve()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def disk_full(folder, needed: int | None, what: str) -> DiskFull:
+    return DiskFull(
+        f"no space left for {what}: it needs about {human_bytes(needed)} here, "
+        f"{human_bytes(free_bytes(folder))} are free. Nothing partial was kept: free space (or "
+        "point run_dir elsewhere) and rerun, which resumes from the finished work",
+        folder,
+    )
+
+
+@contextlib.contextmanager
+def room_for(folder, needed: int | None, what: str) -> Iterator[None]:
+    """Turn a full disk inside the block into a DiskFull naming `folder`. The block's own
+    atomic writes have removed their temporary files by the time this runs."""
+    try:
+        yield
+    except Exception as e:
+        if is_disk_full(e):
+            raise disk_full(folder, needed, what) from e
+        raise
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """A full disk or quota, as an OSError or as a library's own error that reports one
+    (safetensors: "I/O error: No space left on device (os error 28)")."""
+    if isinstance(error, OSError) and error.errno in NO_SPACE:
+        return True
+    return reports_disk_full(str(error))
+
+
+def reports_disk_full(text: str) -> bool:
+    """Whether a message (an error, a log's tail) says the disk or the quota is full."""
+    return any(os.strerror(code) in text for code in NO_SPACE)

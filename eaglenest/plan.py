@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eaglenest.errors import EaglenestError
+from eaglenest.io import human_bytes
 from eaglenest.job_events import JobRecord, read_events
 from eaglenest.job_order import gpu_stages, topological_order
 from eaglenest.rerun_reasons import MISSING, OTHER, REASON_ORDER, UPSTREAM, classify_reason, clip
@@ -143,15 +144,6 @@ def make_plan(
         "target": target_status(cfg, workdir),
         "job_list": [asdict(j) | {"gpu": j.gpu} for j in jobs],
     }
-
-
-def human_bytes(n) -> str:
-    if n is None:
-        return "unknown"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def format_plan(plan: dict) -> str:

@@ -18,7 +18,7 @@ import random
 import time
 from pathlib import Path
 
-from eaglenest.io import iter_jsonl, write_jsonl
+from eaglenest.io import iter_jsonl, room_for, write_jsonl
 from eaglenest.server import SERVED_NAME, Server, StallWatch
 
 log = logging.getLogger(__name__)
@@ -48,19 +48,32 @@ def progress_path(run_dir, model: str, sampling: dict, target: str) -> Path:
 
 
 def load_progress(path: Path) -> dict[str, dict]:
-    """Answered ids from an earlier, interrupted run (failed ones are retried)."""
+    """Answered ids from an earlier, interrupted run (failed ones are retried). A last line cut
+    short (a kill, a full disk) is removed, so the answers appended next start on a line of
+    their own."""
     done: dict[str, dict] = {}
     if not path.exists():
         return done
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
     with open(path) as f:
         for line in f:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                break  # a line cut by a kill: everything before it is intact
+                continue
             if "error" not in row:
                 done[row["id"]] = row
     return done
+
+
+def _room_needed(progress_file: Path, answered: int, to_send: int, prompts: int) -> int:
+    """About the bytes still to write: the answers to send and the final file, at the size of
+    the answers so far (4 kB each before the first)."""
+    per = progress_file.stat().st_size / answered if answered and progress_file.exists() else 4096
+    return int(per * (to_send + prompts))
 
 
 class Progress:
@@ -198,23 +211,32 @@ def regenerate_responses(
         pfile,
         len(todo),
     )
-    if todo:
-        asyncio.run(
-            _regenerate(
-                server, todo, sampling, concurrency, max_retries, request_timeout_s, pfile, stall_timeout_s
+    needed = _room_needed(pfile, len(done), len(todo), len(prompts))
+    with room_for(pfile.parent, needed, "the regenerated answers"):
+        if todo:
+            asyncio.run(
+                _regenerate(
+                    server,
+                    todo,
+                    sampling,
+                    concurrency,
+                    max_retries,
+                    request_timeout_s,
+                    pfile,
+                    stall_timeout_s,
+                )
             )
-        )
-    # The last record of an id wins: an error followed by a later success is a success.
-    final: dict[str, dict] = {}
-    with open(pfile) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row["id"] not in final or "error" in final[row["id"]]:
-                final[row["id"]] = row
-    write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
+        # The last record of an id wins: an error followed by a later success is a success.
+        final: dict[str, dict] = {}
+        with open(pfile) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if row["id"] not in final or "error" in final[row["id"]]:
+                    final[row["id"]] = row
+        write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
     failed = sum("error" in final[p["id"]] for p in prompts)
     counts = {
         "prompts": len(prompts),

@@ -4,10 +4,10 @@ memory. Reads the config and the local disk only (no model, no server, no networ
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from eaglenest.errors import EaglenestError
+from eaglenest.io import free_bytes
 from eaglenest.target import cache_status, on_hub, read_shape
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -214,11 +214,8 @@ def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) 
             est["tokens"] = samples * per
     if est["tokens"] is not None and hidden and dtype_bytes:
         est["bytes"] = hidden_state_bytes(est["tokens"], hidden, dtype)
-    probe = run
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
     try:
-        est["free_bytes"] = shutil.disk_usage(probe).free
+        est["free_bytes"] = free_bytes(run)
     except OSError:
         est["free_bytes"] = None
     est["disk_margin_bytes"] = int(float(hs.get("disk_margin_gb", 0) or 0) * 1e9)

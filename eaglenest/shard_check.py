@@ -35,8 +35,9 @@ def file_record(path) -> dict:
     return {"bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
 
 
-def header_problem(path: Path) -> str | None:
-    """What is wrong with a safetensors file's header and extent, or None."""
+def header_problem(path: Path, required=REQUIRED_TENSORS) -> str | None:
+    """What is wrong with a safetensors file's header and extent, or None. `required`: tensors
+    it must hold (a hidden-state file's by default)."""
     size = path.stat().st_size
     if size < 8:
         return f"{size} bytes: too short for a safetensors header"
@@ -50,7 +51,7 @@ def header_problem(path: Path) -> str | None:
             return "header is not valid JSON (corrupted)"
     if not isinstance(header, dict):
         return "header is not a JSON object (corrupted)"
-    missing = [t for t in REQUIRED_TENSORS if t not in header]
+    missing = [t for t in required if t not in header]
     if missing:
         return f"no tensor {', '.join(missing)} in the header"
     try:

@@ -46,7 +46,7 @@ from eaglenest.chat_turns import (
     split_inline_reasoning,
 )
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path, iter_jsonl
+from eaglenest.io import atomic_path, iter_jsonl, room_for
 from eaglenest.target import load_tokenizer, read_shape
 
 ROLES = ("system", "user", "assistant")
@@ -529,7 +529,10 @@ def tokenize_stage(
         f.write("".join(lines))
         batch.clear()
 
-    with contextlib.ExitStack() as stack:
+    # About what the outputs take: the responses' size (their ids as text, the masks) and the
+    # dense counts, 8 bytes a vocabulary entry.
+    needed = responses_path.stat().st_size + 8 * tally.counts.size
+    with room_for(Path(out_data).parent, needed, "the tokenized data"), contextlib.ExitStack() as stack:
         tmp_meta = stack.enter_context(atomic_path(out_metadata))
         tmp_freq = stack.enter_context(atomic_path(out_freq))
         tmp_data = stack.enter_context(atomic_path(out_data))

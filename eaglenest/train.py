@@ -20,8 +20,10 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -204,9 +206,12 @@ def trainer_command(args: list[str], gpus: int) -> list[str]:
     return [sys.executable, "-m", "eaglenest.train", *args]
 
 
-def run_trainer(args: list[str], gpus: int, log_file, metrics_file) -> None:
+def run_trainer(args: list[str], gpus: int, log_file, metrics_file, save_path, checkpoint_bytes: int) -> None:
     """Run speculators' trainer in a child process, recording per-epoch metrics to
-    `metrics_file`."""
+    `metrics_file`. A failure for want of disk for a checkpoint says so."""
+    from eaglenest.io import disk_full, free_bytes, reports_disk_full
+    from eaglenest.server import log_tail
+
     cmd = trainer_command(args, gpus)
     log.info("$ %s", " ".join(cmd))
     with open(log_file, "ab") as f:
@@ -214,19 +219,68 @@ def run_trainer(args: list[str], gpus: int, log_file, metrics_file) -> None:
             cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, METRICS_FILE_ENV: str(metrics_file)}
         )
     if proc.returncode != 0:
-        from eaglenest.server import log_tail
-
+        tail = log_tail(log_file)
+        if reports_disk_full(tail) or free_bytes(save_path) < checkpoint_bytes:
+            remove_incomplete_checkpoints(save_path)
+            raise disk_full(save_path, checkpoint_bytes, "a training checkpoint")
         raise RuntimeError(
-            f"speculators train failed (exit {proc.returncode}). Last lines of "
-            f"{log_file}:\n{log_tail(log_file)}"
+            f"speculators train failed (exit {proc.returncode}). Last lines of {log_file}:\n{tail}"
         )
 
 
+def checkpoint_problem(folder: Path) -> str | None:
+    """What is missing or cut short in one of speculators' epoch checkpoints (it writes them in
+    place: a kill or a full disk can leave one half-written), or None."""
+    from eaglenest.shard_check import header_problem
+
+    model, optimizer = folder / "model.safetensors", folder / "optimizer_state_dict.pt"
+    for f in (model, folder / "config.json", optimizer):
+        if not f.exists():
+            return f"no {f.name}"
+    problem = header_problem(model, required=())
+    if problem:
+        return f"{model.name}: {problem}"
+    try:
+        json.loads((folder / "config.json").read_text())
+        with zipfile.ZipFile(optimizer):  # torch.save writes a zip: a cut one has no directory
+            pass
+    except (ValueError, zipfile.BadZipFile) as e:
+        return f"unreadable: {e}"
+    return None
+
+
+def remove_incomplete_checkpoints(save_path) -> None:
+    """Delete half-written epoch checkpoints, so that speculators resumes from the last whole one."""
+    save_path = Path(save_path)
+    for folder in save_path.iterdir() if save_path.exists() else ():
+        if folder.is_dir() and not folder.is_symlink() and folder.name.isdigit():
+            problem = checkpoint_problem(folder)
+            if problem:
+                log.warning("removing the incomplete checkpoint %s (%s)", folder, problem)
+                shutil.rmtree(folder)
+
+
 def epochs_done(save_path) -> list[int]:
+    """The epochs with a whole checkpoint."""
     save_path = Path(save_path)
     if not save_path.exists():
         return []
-    return sorted(int(p.name) for p in save_path.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(
+        int(p.name)
+        for p in save_path.iterdir()
+        if p.is_dir() and not p.is_symlink() and p.name.isdigit() and checkpoint_problem(p) is None
+    )
+
+
+def checkpoint_bytes(save_path, draft_config: dict) -> int:
+    """What one more checkpoint takes: the last one's size, else the draft's bf16 weights and
+    about as much optimizer state."""
+    done = epochs_done(save_path)
+    if done:
+        return sum(f.stat().st_size for f in (Path(save_path) / str(done[-1])).iterdir() if f.is_file())
+    from eaglenest.draft_config import draft_parameter_count
+
+    return 2 * 2 * draft_parameter_count(draft_config)
 
 
 def main(argv: list[str]) -> None:
@@ -344,6 +398,7 @@ def train_stage(
     work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
     data_dir, save_path = work / "data", work / "checkpoints"
     link_training_data(tokenized_path, shard_dirs, data_dir)
+    remove_incomplete_checkpoints(save_path)
     done = epochs_done(save_path)
     log.info(
         "training spec %s: %d of %d epochs already done%s",
@@ -368,7 +423,7 @@ def train_stage(
     )
     gpus_here = gpus if resolve_device(device) == "cuda" else 1
     metrics_file = work / "epoch_metrics.jsonl"
-    run_trainer(args, gpus_here, log_file, metrics_file)
+    run_trainer(args, gpus_here, log_file, metrics_file, save_path, checkpoint_bytes(save_path, dcfg))
     final = epochs_done(save_path)
     if not final:
         raise RuntimeError(f"speculators wrote no checkpoint into {save_path}")

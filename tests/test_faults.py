@@ -145,6 +145,7 @@ FAKE_SERVER = """
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 answer, port, seen = int(sys.argv[1]), int(sys.argv[2]), [0]
+content = "x" * int(sys.argv[3]) if len(sys.argv) > 3 else "ok"
 key = os.environ.get("VLLM_API_KEY", "")
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
@@ -158,7 +159,7 @@ class H(BaseHTTPRequestHandler):
             time.sleep(3600)
         body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "target",
             "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "ok"}}]}).encode()
+                         "message": {"role": "assistant", "content": content}}]}).encode()
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
 s = ThreadingHTTPServer(("127.0.0.1", port), H)
@@ -168,9 +169,9 @@ s.serve_forever()
 
 
 @contextlib.contextmanager
-def fake_server(tmp_path, answer: int, api_key: str = ""):
+def fake_server(tmp_path, answer: int, api_key: str = "", answer_chars: int = 2):
     env = {**os.environ, "VLLM_API_KEY": api_key}
-    cmd = [sys.executable, "-c", FAKE_SERVER, str(answer), "0"]
+    cmd = [sys.executable, "-c", FAKE_SERVER, str(answer), "0", str(answer_chars)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         port = int(proc.stdout.readline())
@@ -318,3 +319,270 @@ def test_two_run_folders_run_at_once_and_touch_only_their_own_files(tmp_path):
     assert (runs["a"] / "prompts" / "prompts.jsonl").read_bytes() == (
         runs["b"] / "prompts" / "prompts.jsonl"
     ).read_bytes()
+
+
+# --------------------------------------------------------------------------------------------
+# 2. A full disk: real ones, small tmpfs mounts
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(name, kB): a folder on a filesystem of that size (a tmpfs; needs root)."""
+    mounts = []
+
+    def make(name: str, size_kb: int) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode != 0:
+            why = f"a full disk is a small tmpfs here, and mounting one failed (root needed): {r.stderr.strip()}"
+            pytest.fail(why) if os.environ.get("CI") else pytest.skip(why)
+        mounts.append(path)
+        return path
+
+    yield make
+    for path in reversed(mounts):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def resize(path: Path, size_kb: int) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(path)], check=True)
+
+
+def assert_disk_full_message(err: EaglenestError, folder: Path) -> None:
+    msg = str(err)
+    assert str(folder) in msg and "no space left for" in msg
+    assert "it needs about" in msg and "are free" in msg and "rerun" in msg
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A small Llama with the default target's tokenizer; its weights do not matter here."""
+    from eaglenest.tiny_target import build_tiny_target
+
+    out = tmp_path_factory.mktemp("tiny") / "target"
+    corpus = [REPO / "data" / "tiny_target" / "corpus.jsonl"]
+    return build_tiny_target(
+        out, corpus, num_layers=8, hidden_size=32, intermediate_size=64, pretrain_steps=0
+    )
+
+
+def test_tokenize_on_a_full_disk_names_the_folder_and_leaves_nothing(tmp_path, small_disk, tiny_model):
+    from eaglenest.io import DiskFull
+    from eaglenest.tokenize import tokenize_stage
+
+    responses = tmp_path / "raw_responses.jsonl"
+    rows = [
+        {
+            "id": f"r{i}",
+            "messages": [
+                {"role": "user", "content": f"Question {i}?"},
+                {"role": "assistant", "content": "An answer. " * 40},
+            ],
+        }
+        for i in range(60)
+    ]
+    responses.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = small_disk("tokenized", 24)
+    with pytest.raises(DiskFull) as e:
+        tokenize_stage(
+            responses,
+            tiny_model,
+            512,
+            "truncate",
+            out / "tokenized_data.jsonl",
+            out / "token_freq.pt",
+            out / "metadata.json",
+        )
+    assert_disk_full_message(e.value, out)
+    assert list(out.iterdir()) == []  # no output, no temporary file
+    resize(out, 4096)  # space freed: the rerun completes
+    meta = tokenize_stage(
+        responses,
+        tiny_model,
+        512,
+        "truncate",
+        out / "tokenized_data.jsonl",
+        out / "token_freq.pt",
+        out / "metadata.json",
+    )
+    assert meta["samples_out"] == 60
+
+
+def test_regeneration_on_a_full_disk_keeps_whole_answers_and_the_rerun_sends_only_the_rest(
+    tmp_path, small_disk
+):
+    from eaglenest.io import DiskFull
+    from eaglenest.regenerate import load_progress, progress_path, regenerate_responses
+
+    prompts, run_dir = _prompts(tmp_path, 40), small_disk("run", 48)
+    out = run_dir / "responses" / "raw_responses.jsonl"
+    kw = {
+        "target": "org/model",
+        "sampling": {},
+        "concurrency": 4,
+        "max_retries": 0,
+        "request_timeout_s": 10.0,
+    }
+    with fake_server(tmp_path, answer=1000, answer_chars=3000) as server:
+        with pytest.raises(DiskFull) as e:
+            regenerate_responses(server, prompts, out, run_dir, stall_timeout_s=30.0, **kw)
+        pfile = progress_path(run_dir, server.key, {}, "org/model")
+        assert_disk_full_message(e.value, pfile.parent)
+        assert not out.exists()
+        kept = load_progress(pfile)  # a line cut by the full disk is dropped, the rest are whole
+        assert 0 < len(kept) < 40 and pfile.read_bytes().endswith(b"\n")
+        resize(run_dir, 4096)
+        counts = regenerate_responses(server, prompts, out, run_dir, stall_timeout_s=30.0, **kw)
+    assert (counts["resumed"], counts["sent"], counts["answered"]) == (len(kept), 40 - len(kept), 40)
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == sorted(
+        f"p{i}" for i in range(40)
+    )
+
+
+def test_extraction_on_a_full_disk_names_the_shard_and_leaves_no_part_of_it(tmp_path, small_disk, tiny_model):
+    from eaglenest.hidden_states import extract_stage
+    from eaglenest.io import DiskFull
+
+    tokenized = tmp_path / "tokenized_data.jsonl"
+    tokenized.write_text(
+        "".join(
+            json.dumps({"id": f"r{i}", "input_ids": list(range(1, 41)), "loss_mask": [1] * 40}) + "\n"
+            for i in range(6)
+        )
+    )
+    plan = {
+        "aux_layer_ids": [2, 4, 5],
+        "target_num_layers": 8,
+        "hidden_size": 32,
+        "samples": 6,
+        "bytes": 6 * 40 * 4 * 32 * 2,
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    shards = small_disk("hidden_states", 16)
+    kw = {"run_dir": tmp_path / "run", "target": str(tiny_model), "tokenized_path": tokenized, "plan_path": tmp_path / "plan.json",
+          "num_shards": 1, "dtype": "bfloat16", "backend": "transformers", "concurrency": 1, "server_cfg": {}}  # fmt: skip
+    with pytest.raises(DiskFull, match="no space left for hidden-state shard 0") as e:
+        extract_stage(out_dir=shards / "shard_0", shard=0, **kw)
+    assert_disk_full_message(e.value, shards)
+    assert list(shards.iterdir()) == []
+    resize(shards, 4096)
+    stats = extract_stage(out_dir=shards / "shard_0", shard=0, **kw)
+    assert stats["samples"] == 6 and verify_shards([shards / "shard_0"], checksums=True)["files"] == 6
+
+
+def _checkpoint(folder: Path, params: int = 1000) -> Path:
+    """An epoch checkpoint as speculators writes it: weights, config, optimizer state."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(params)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    torch.save({"state": {0: torch.zeros(params)}}, folder / "optimizer_state_dict.pt")
+    return folder
+
+
+def test_training_resumes_from_the_last_whole_checkpoint_not_a_half_written_one(tmp_path):
+    from eaglenest.train import epochs_done, remove_incomplete_checkpoints
+
+    save = tmp_path / "checkpoints"
+    _checkpoint(save / "0")
+    cut = _checkpoint(save / "1") / "optimizer_state_dict.pt"
+    cut.write_bytes(cut.read_bytes()[:-40])  # the save was cut short
+    model = _checkpoint(save / "2") / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-4])
+    (save / "3").mkdir()  # killed before it wrote anything
+    assert epochs_done(save) == [0]
+    remove_incomplete_checkpoints(save)
+    assert sorted(p.name for p in save.iterdir()) == ["0"]
+
+
+def test_a_checkpoint_on_a_full_disk_fails_training_with_the_folder_and_the_bytes(
+    tmp_path, small_disk, monkeypatch
+):
+    from eaglenest import train
+    from eaglenest.io import DiskFull
+
+    save = small_disk("checkpoints", 64)
+    _checkpoint(save / "0", params=2000)  # one whole epoch before the disk filled
+    # The trainer's next save runs out of space half-way, as speculators' would.
+    writes_too_much = (
+        f"import os; os.makedirs('{save}/1'); open('{save}/1/model.safetensors', 'wb').write(bytes(10**6))"
+    )
+    monkeypatch.setattr(train, "trainer_command", lambda args, gpus: [sys.executable, "-c", writes_too_much])
+    log_file = tmp_path / "train.log"
+    with pytest.raises(DiskFull, match="no space left for a training checkpoint") as e:
+        train.run_trainer([], 1, log_file, tmp_path / "m.jsonl", save, train.checkpoint_bytes(save, {}))
+    assert_disk_full_message(e.value, save)
+    assert "No space left on device" in log_file.read_text()
+    assert train.epochs_done(save) == [0] and not (save / "1").exists()  # the resume starts after epoch 0
+
+
+def test_the_checkpoint_estimate_counts_the_drafts_parameters():
+    from eaglenest.draft_config import draft_parameter_count
+
+    cfg = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 32, "eaglenest": {"target_vocab_size": 2048, "draft_vocab_size": 1024}}  # fmt: skip
+    # embed 2048x128, fc 384x128, layer (q 256x128, k,v 256x64 each, o 128x128, mlp 3x128x384,
+    # norms 256+128), final norm 128, head 1024x128.
+    assert (
+        draft_parameter_count(cfg) == 262144 + 49152 + 32768 + 2 * 16384 + 16384 + 147456 + 384 + 128 + 131072
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Preemption: SIGTERM to one stage (what SLURM sends a job), or to the workflow
+#    (tests/test_interrupts.py runs the real workflow for that)
+
+STAGE = """
+import json, sys
+from eaglenest.regenerate import regenerate_responses
+from eaglenest.server import Server
+from eaglenest.workflow import run_logged
+
+a = json.loads(sys.argv[1])
+run_logged(a["log"], regenerate_responses, Server(**a["server"]), a["prompts"], a["out"], a["run_dir"],
+           target="org/model", sampling={}, concurrency=1, max_retries=0, request_timeout_s=60, stall_timeout_s=120)
+"""
+
+
+def test_sigterm_unwinds_a_stage_at_once_and_keeps_its_progress(tmp_path):
+    from eaglenest.regenerate import load_progress, progress_path
+
+    prompts, run_dir, out, stage_log = (
+        _prompts(tmp_path, 6),
+        tmp_path / "run",
+        tmp_path / "raw.jsonl",
+        tmp_path / "stage.log",
+    )
+    with fake_server(tmp_path, answer=3) as server:  # three answers, then it keeps the fourth waiting
+        args = {"log": str(stage_log), "server": dataclasses.asdict(server), "prompts": str(prompts), "out": str(out), "run_dir": str(run_dir)}  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-c", STAGE, json.dumps(args)])
+        pfile = progress_path(run_dir, server.key, {}, "org/model")
+        deadline = time.monotonic() + 60
+        while not (pfile.exists() and len(pfile.read_text().splitlines()) == 3):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)  # the fourth request is in flight
+        proc.terminate()
+        t0 = time.monotonic()
+        assert proc.wait(timeout=30) == 128 + 15
+        assert time.monotonic() - t0 < 5  # not the request's 60 s timeout
+    assert "SIGTERM: stopping; finished work and progress are kept, rerun to resume" in stage_log.read_text()
+    assert len(load_progress(pfile)) == 3 and not out.exists()
+    assert [p.name for p in tmp_path.glob(".raw.jsonl.tmp-*")] == []
+
+
+def test_the_slurm_profile_asks_for_sigterm_before_the_time_limit_and_requeues():
+    import yaml
+
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    assert profile["slurm-requeue"] is True
+    assert "--signal=TERM@" in profile["default-resources"]["slurm_extra"]
+    # No rule replaces the flags without the signal.
+    for rule, res in profile.get("set-resources", {}).items():
+        assert "--signal=TERM@" in res.get("slurm_extra", "--signal=TERM@"), rule

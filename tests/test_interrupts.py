@@ -1,7 +1,8 @@
 """Crashes mid-stage: the rerun resumes, redoes only what was unfinished, and ends identical.
 
-Each test kills the real workflow (SIGKILL to Snakemake's whole process group, as an OOM killer
-or a lost node would) part way through a stage, then reruns with `--rerun-incomplete`.
+Each test stops the real workflow part way through a stage, then reruns it: SIGTERM to
+Snakemake alone (a preemption) during regeneration; SIGKILL to Snakemake's whole process group
+(an OOM killer, a lost node) during extraction and training, rerun with `--rerun-incomplete`.
 """
 
 from __future__ import annotations
@@ -99,7 +100,10 @@ def small_run(tmp_path_factory, default_run):
     return {"workdir": workdir, "cfg": cfg, "configfile": configfile, "run_dir": workdir / cfg["run_dir"]}
 
 
-def test_killed_regeneration_resumes_with_only_the_missing_prompts(small_run):
+def test_sigterm_to_the_workflow_stops_regeneration_now_and_the_rerun_sends_only_the_rest(small_run):
+    """SIGTERM to Snakemake alone (a preemption, `kill PID`): Snakemake by itself would wait
+    for regeneration to finish; the workflow forwards the signal, the stage stops at once,
+    answered prompts stay, the server is stopped and no lock is left behind."""
     workdir, run_dir = small_run["workdir"], small_run["run_dir"]
     target = f"{small_run['cfg']['run_dir']}/responses/raw_responses.jsonl"
     progress_dir = run_dir / ".eaglenest" / "regenerate"
@@ -108,12 +112,22 @@ def test_killed_regeneration_resumes_with_only_the_missing_prompts(small_run):
         return sum(len(p.read_text().splitlines()) for p in progress_dir.glob("progress-*.jsonl"))
 
     proc = start_snakemake(workdir, small_run["configfile"], target)
-    kill_when(proc, lambda: progress_dir.exists() and answered() >= 20)
+    deadline = time.monotonic() + 600
+    while not (progress_dir.exists() and answered() >= 20):
+        assert proc.poll() is None and time.monotonic() < deadline, Path(proc.log).read_text()[-3000:]
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)  # the main process only, not its group
+    t0 = time.monotonic()
+    assert proc.wait(timeout=120) != 0
+    assert time.monotonic() - t0 < 60
+    stage_log = (run_dir / "logs" / "regenerate_responses.log").read_text()
+    assert "SIGTERM: stopping; finished work and progress are kept" in stage_log
     wait_servers_gone(run_dir)
     done_before = answered()
-    assert not (run_dir / "responses" / "raw_responses.jsonl").exists()
+    assert done_before < 80 and not (run_dir / "responses" / "raw_responses.jsonl").exists()
+    assert not any((workdir / ".snakemake" / "locks").glob("*"))  # a clean stop: no --unlock
 
-    snakemake(workdir, small_run["configfile"], "--cores", "2", "--rerun-incomplete", target)
+    snakemake(workdir, small_run["configfile"], "--cores", "2", target)
     log = (run_dir / "logs" / "regenerate_responses.log").read_text()
     prompts = [json.loads(line)["id"] for line in open(run_dir / "prompts" / "prompts.jsonl")]
     sent_line = [line for line in log.splitlines() if "to send" in line][-1]
