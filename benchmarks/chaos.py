@@ -18,6 +18,7 @@ difference. The reference is an uninterrupted run of the same config: one made h
 
 Usage: python benchmarks/chaos.py [--kills 5] [--seed 0] [--min-s 20] [--max-s 240]
                                   [--workdir /tmp/eaglenest-chaos] [--reference WORKDIR]
+                                  [--target BUILT_TINY_TARGET]
 """
 
 from __future__ import annotations
@@ -149,9 +150,17 @@ def main() -> None:
     p.add_argument("--max-s", type=float, default=240.0, help="latest kill, seconds into a round")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/eaglenest-chaos"))
     p.add_argument("--reference", type=Path, help="a workdir holding an uninterrupted run of the same config")
+    p.add_argument(
+        "--target",
+        type=Path,
+        help="an already built tiny target to use instead of building one (its build takes minutes "
+        "and starts over when killed, so kills landing there would test little else)",
+    )
     args = p.parse_args()
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    if args.target:
+        cfg["target"]["path"], cfg["target"]["build_tiny"] = str(args.target.resolve()), None
     rng = random.Random(args.seed)
     kills = [rng.uniform(args.min_s, args.max_s) for _ in range(args.kills)]
     print(f"seed {args.seed}: kill moments (s into each round) {[round(k, 1) for k in kills]}", flush=True)

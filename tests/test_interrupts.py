@@ -154,8 +154,8 @@ def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_identical
     )
     # A twin workdir, extracted without interruption, for comparison.
     twin = tmp_path / "twin"
-    shutil.copytree(workdir, twin, symlinks=True)
-    shutil.rmtree(twin / rd / ".eaglenest", ignore_errors=True)
+    # Without the run's engine scratch (.eaglenest: servers' sockets and caches, not outputs).
+    shutil.copytree(workdir, twin, symlinks=True, ignore=shutil.ignore_patterns(".eaglenest"))
     twin_cfg = write_config(twin, cfg)
 
     shards = [f"{rd}/hidden_states/shard_{k}" for k in range(cfg["hidden_states"]["num_shards"])]

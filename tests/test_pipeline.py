@@ -249,7 +249,9 @@ def test_stage_times_come_from_each_jobs_benchmark_and_match_its_job_events(defa
             spans[j["rule"]] = spans.get(j["rule"], 0.0) + j["end"] - j["start"]
     for stage in GPU_RULES:  # the long ones: seconds to minutes
         assert table.loc[stage, "wall_s"] == pytest.approx(spans[stage], rel=0.1, abs=2.0), stage
-    assert (table["peak_rss_mb"].dropna() > 50).all()  # a Python process with torch at least
+    # The long stages' memory: Python with torch at least (a job of a tenth of a second is
+    # sampled before it has grown, so the short ones say little).
+    assert (table.loc[sorted(GPU_RULES), "peak_rss_mb"] > 200).all()
 
 
 def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run, tmp_path):
