@@ -58,15 +58,20 @@ def load_progress(path: Path) -> dict[str, dict]:
     if data and not data.endswith(b"\n"):
         with open(path, "r+b") as f:
             f.truncate(data.rfind(b"\n") + 1)
+    for row in _progress_records(path):
+        if "error" not in row:
+            done[row["id"]] = row
+    return done
+
+
+def _progress_records(path: Path):
+    """Every whole record of a progress file, in the order written."""
     with open(path) as f:
         for line in f:
             try:
-                row = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if "error" not in row:
-                done[row["id"]] = row
-    return done
 
 
 def _room_needed(progress_file: Path, answered: int, to_send: int, prompts: int) -> int:
@@ -228,14 +233,9 @@ def regenerate_responses(
             )
         # The last record of an id wins: an error followed by a later success is a success.
         final: dict[str, dict] = {}
-        with open(pfile) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if row["id"] not in final or "error" in final[row["id"]]:
-                    final[row["id"]] = row
+        for row in _progress_records(pfile):
+            if row["id"] not in final or "error" in final[row["id"]]:
+                final[row["id"]] = row
         write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
     failed = sum("error" in final[p["id"]] for p in prompts)
     counts = {

@@ -388,28 +388,13 @@ def test_tokenize_on_a_full_disk_names_the_folder_and_leaves_nothing(tmp_path, s
     ]
     responses.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = small_disk("tokenized", 24)
+    outputs = [out / "tokenized_data.jsonl", out / "token_freq.pt", out / "metadata.json"]
     with pytest.raises(DiskFull) as e:
-        tokenize_stage(
-            responses,
-            tiny_model,
-            512,
-            "truncate",
-            out / "tokenized_data.jsonl",
-            out / "token_freq.pt",
-            out / "metadata.json",
-        )
+        tokenize_stage(responses, tiny_model, 512, "truncate", *outputs)
     assert_disk_full_message(e.value, out)
     assert list(out.iterdir()) == []  # no output, no temporary file
     resize(out, 4096)  # space freed: the rerun completes
-    meta = tokenize_stage(
-        responses,
-        tiny_model,
-        512,
-        "truncate",
-        out / "tokenized_data.jsonl",
-        out / "token_freq.pt",
-        out / "metadata.json",
-    )
+    meta = tokenize_stage(responses, tiny_model, 512, "truncate", *outputs)
     assert meta["samples_out"] == 60
 
 
