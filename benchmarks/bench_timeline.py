@@ -223,20 +223,23 @@ def parse_args() -> argparse.Namespace:
         "--events",
         nargs="+",
         metavar="NAME",
-        help="these invocations (events file names, or their first characters, e.g. 2026-11-29T1049) "
-        "instead of the automatic choice",
+        help="these invocations instead of the automatic choice: events files (paths, e.g. written "
+        "with --logger-eaglenest-jobs-path), or names under .snakemake/log or their first "
+        "characters (2026-11-29T1049)",
     )
     return parser.parse_args()
 
 
 def collect_invocations(args, workdir: Path, run_dir: str, bench: dict[str, dict]) -> list[Invocation]:
-    files = event_files(workdir)
+    given = [Path(x) for x in args.events or () if Path(x).is_file()]
+    files = sorted(given) or event_files(workdir)
     if not files:
         raise SystemExit(
             f"no job events under {workdir}/.snakemake/log: the run did not use the eaglenest-jobs "
             "logger (profiles/default enables it; a --logger on the command line replaces it)"
         )
-    chosen = [p for p in files if any(p.name.startswith(x) for x in args.events)] if args.events else files
+    named = args.events and not given
+    chosen = [p for p in files if any(p.name.startswith(x) for x in args.events)] if named else files
     invocations = []
     for path in chosen:
         inv = read_invocation(path, len(invocations), run_dir, newest=path == files[-1])
@@ -246,7 +249,7 @@ def collect_invocations(args, workdir: Path, run_dir: str, bench: dict[str, dict
         raise SystemExit(f"no invocation ran jobs for {run_dir} under {workdir}")
     if args.last_invocation:
         return invocations[-1:]
-    if args.events:
+    if named:
         return invocations
     # The run: from the first invocation that made an output still on disk to the last.
     current = [
