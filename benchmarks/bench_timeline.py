@@ -6,7 +6,7 @@ Reads what the run's Snakemake invocations recorded in the working directory:
   profiles enable; eaglenest/job_events.py): when each job started and finished or failed, to
   the millisecond, its rule, wildcards, inputs, outputs and resources (GPU jobs are the ones that
   ask for a `gpu` resource), and when the invocation began and shut down (a killed one has no
-  end);
+  end: its last heartbeat dates the kill to within 5 s);
 - `<run dir>/benchmarks/`, Snakemake's `benchmark:` record of each job's last execution: its
   peak resident memory, printed beside the job.
 
@@ -51,7 +51,7 @@ class Invocation:
     name: str
     start: float
     end: float
-    state: str = "ok"  # ok | failed | interrupted (no end written) | running (locks held)
+    state: str = "ok"  # ok | failed | interrupted (killed: ends at its last heartbeat) | running (locks held)
     jobs: list[JobRecord] = field(default_factory=list)
 
 
@@ -73,7 +73,7 @@ def read_invocation(path: Path, index: int, run_dir: str, newest: bool) -> Invoc
         if newest and locks.is_dir() and any(locks.iterdir()):
             end, state = time.time(), "running"
         else:
-            end, state = max([j.end or j.start for j in jobs] + [path.stat().st_mtime]), "interrupted"
+            end, state = events.last_seen, "interrupted"  # to within the heartbeat
     for job in jobs:
         if job.status == "running":
             job.end = end  # still running (so far), or killed with its invocation

@@ -11,8 +11,9 @@ Snakemake's log text:
 - `eaglenest plan` gives its dry run ``--logger-eaglenest-jobs-path FILE`` and reads the jobs
   from there (a dry run without a path writes nothing, as Snakemake writes no log for it).
 
-One file per Snakemake invocation: an ``invocation`` line first, an ``end`` line when the
-invocation shuts down cleanly (a killed one has none). The reason a job runs stays Snakemake's
+One file per Snakemake invocation: an ``invocation`` line first, an ``alive`` line every
+HEARTBEAT_S seconds while it runs, an ``end`` line when it shuts down cleanly (a killed one has
+none: its last line dates the kill). The reason a job runs stays Snakemake's
 sentence: it has no structured form.
 """
 
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,14 +50,21 @@ class JobEventsSettings(LogHandlerSettingsBase):
     )
 
 
+HEARTBEAT_S = 5.0
+
+
 class JobEventsHandler(LogHandlerBase):
     """Appends one JSON line per job event. The file is opened at the first event, once
-    Snakemake has moved into the working directory and set up its own log file."""
+    Snakemake has moved into the working directory and set up its own log file. While it is
+    open, an `alive` line every HEARTBEAT_S seconds dates a kill (which leaves no `end`) to
+    within that."""
 
     def __post_init__(self) -> None:
         self._file = None
         self._opened_at = time.time()
         self._disabled = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     # Snakemake's LogHandlerBase asks each plugin what it writes and filters.
     writes_to_stream = False
@@ -74,10 +83,18 @@ class JobEventsHandler(LogHandlerBase):
             self._file = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the handler)
             self._write({"event": "invocation", "time": self._opened_at, "pid": os.getpid(),
                          "dry_run": bool(self.common_settings.dryrun)})  # fmt: skip
+            if not self.common_settings.dryrun:
+                threading.Thread(target=self._heartbeat, name="eaglenest-jobs-heartbeat", daemon=True).start()
         return self._file
 
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self._write({"event": "alive", "time": time.time()})
+
     def _write(self, row: dict) -> None:
-        self._file.write(json.dumps(row, default=str) + "\n")
+        with self._lock:
+            if self._file is not None:
+                self._file.write(json.dumps(row, default=str) + "\n")
 
     def emit(self, record: logging.LogRecord) -> None:
         row = _event_row(record)
@@ -85,10 +102,12 @@ class JobEventsHandler(LogHandlerBase):
             self._write(row)
 
     def close(self) -> None:
+        self._stop.set()
         if self._file is not None:
             self._write({"event": "end", "time": time.time()})
-            self._file.close()
-            self._file = None
+            with self._lock:
+                self._file.close()
+                self._file = None
         super().close()
 
 
@@ -172,6 +191,7 @@ class Invocation:
     end: float | None  # None: killed before it could shut down
     dry_run: bool
     jobs: list[JobRecord]
+    last_seen: float  # the time of its last line: a killed invocation ended within HEARTBEAT_S of it
 
     @property
     def failed(self) -> bool:
@@ -192,7 +212,7 @@ def requests_gpu(resources: dict) -> bool:
 def read_events(path) -> Invocation:
     """The jobs of one events file. A line cut short by a kill is ignored."""
     path = Path(path)
-    start, end, dry_run = None, None, False
+    start, end, dry_run, last_seen = None, None, False, 0.0
     jobs: dict[int, JobRecord] = {}
     for line in path.read_text().splitlines():
         try:
@@ -200,6 +220,7 @@ def read_events(path) -> Invocation:
         except json.JSONDecodeError:
             continue
         kind, t = row.get("event"), row.get("time")
+        last_seen = max(last_seen, t or 0.0)
         if kind == "invocation":
             start, dry_run = t, bool(row.get("dry_run"))
         elif kind == "end":
@@ -220,7 +241,9 @@ def read_events(path) -> Invocation:
             _apply_state(jobs, kind, row, t)
     if start is None:
         raise ValueError(f"{path}: not a job events file (no invocation line)")
-    return Invocation(path=path, start=start, end=end, dry_run=dry_run, jobs=list(jobs.values()))
+    return Invocation(
+        path=path, start=start, end=end, dry_run=dry_run, jobs=list(jobs.values()), last_seen=last_seen
+    )
 
 
 def _apply_state(jobs: dict[int, JobRecord], kind: str, row: dict, t: float) -> None:

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from conftest import job_timeline
 
 from eaglenest import cli
-from eaglenest.job_events import event_files, read_events
+from eaglenest.job_events import HEARTBEAT_S, event_files, read_events
 from eaglenest.job_order import gpu_stages
 from eaglenest.plan import dry_run, make_plan
 from eaglenest.rerun_reasons import CODE, MISSING, PARAMS, STALE, UPSTREAM, classify_reason
@@ -161,7 +161,7 @@ def test_job_events_of_a_run_record_ends_failures_and_resources(toy):
     }
 
 
-def test_job_events_of_a_killed_run_have_no_end(toy):
+def test_job_events_of_a_killed_run_have_no_end_and_their_heartbeat_dates_the_kill(toy):
     (toy / "Snakefile").write_text(TOY_SNAKEFILE.replace("sleep 1", "sleep 60"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "--cores", "1", "--logger", "eaglenest-jobs"],
@@ -171,16 +171,16 @@ def test_job_events_of_a_killed_run_have_no_end(toy):
         start_new_session=True,
     )
     deadline = time.time() + 60
-    while time.time() < deadline and not (
-        event_files(toy) and "job_started" in event_files(toy)[0].read_text()
-    ):
+    while time.time() < deadline and not (event_files(toy) and '"alive"' in event_files(toy)[0].read_text()):
         time.sleep(0.2)
     os.killpg(proc.pid, 9)
+    killed_at = time.time()
     proc.wait()
     inv = read_events(event_files(toy)[0])
     assert inv.end is None
     (regen,) = inv.jobs
     assert regen.rule == "regenerate" and regen.status == "running" and regen.end is None
+    assert regen.start < inv.last_seen <= killed_at < inv.last_seen + HEARTBEAT_S + 1.0
 
 
 # --------------------------------------------------------------------------------------------
