@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -29,12 +30,17 @@ def setup_logging(log_path) -> logging.Logger:
 def run_logged(log_path, fn, *args, **kwargs):
     """Run a stage with logging to its log file; a failure's traceback goes there too. SIGTERM
     unwinds the stage cleanly (eaglenest.run_guard)."""
-    from eaglenest.run_guard import stop_on_sigterm
+    from eaglenest.run_guard import Preempted, stop_on_sigterm
 
     log = setup_logging(log_path)
     stop_on_sigterm()
     try:
         return fn(*args, **kwargs)
+    except Preempted as stop:
+        # Cleanup has run on the way here. Leave now: Python would otherwise wait at exit for
+        # worker threads still in a request (up to its timeout), past a preemption's grace time.
+        logging.shutdown()
+        os._exit(stop.code)
     except Exception:
         log.exception("stage failed")
         raise

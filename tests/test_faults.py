@@ -562,6 +562,38 @@ def test_sigterm_unwinds_a_stage_at_once_and_keeps_its_progress(tmp_path):
     assert [p.name for p in tmp_path.glob(".raw.jsonl.tmp-*")] == []
 
 
+THREADED_STAGE = """
+import json, sys
+from eaglenest.evaluate import generate
+from eaglenest.server import Server
+from eaglenest.workflow import run_logged
+
+a = json.loads(sys.argv[1])
+prompts = [json.loads(line) for line in open(a["prompts"])]
+run_logged(a["log"], generate, Server(**a["server"]), prompts, 8, 2, 60.0)
+"""
+
+
+def test_sigterm_ends_a_stage_whose_threads_wait_on_requests(tmp_path):
+    """Worker threads in a request would hold the process at exit for up to their timeout
+    (60 s here); a preempted stage leaves at once."""
+    stage_log = tmp_path / "stage.log"
+    with fake_server(tmp_path, answer=0) as server:  # every request waits
+        args = {
+            "log": str(stage_log),
+            "server": dataclasses.asdict(server),
+            "prompts": str(_prompts(tmp_path, 4)),
+        }
+        proc = subprocess.Popen([sys.executable, "-c", THREADED_STAGE, json.dumps(args)])
+        time.sleep(3)  # imports done, two requests in flight
+        assert proc.poll() is None
+        proc.terminate()
+        t0 = time.monotonic()
+        assert proc.wait(timeout=30) == 128 + 15
+        assert time.monotonic() - t0 < 5
+    assert "SIGTERM: stopping" in stage_log.read_text()
+
+
 def test_the_slurm_profile_asks_for_sigterm_before_the_time_limit_and_requeues():
     import yaml
 
