@@ -44,6 +44,16 @@ def target_record(folder: Path, record: Path, trust_remote_code: bool = False) -
     return record
 
 
+@pytest.fixture(scope="session")
+def untrained_target(tmp_path_factory) -> Path:
+    """The tiny Llama's files (tokenizer, chat template, config, servable weights) without its
+    training steps: for tests where the weights do not matter. Built once per suite."""
+    from eaglenest.tiny_target import build_tiny_target
+
+    corpus = [REPO / "data" / "tiny_target" / "corpus.jsonl"]
+    return build_tiny_target(tmp_path_factory.mktemp("untrained") / "target", corpus, pretrain_steps=0)
+
+
 def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 

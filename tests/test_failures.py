@@ -55,13 +55,9 @@ def reply(rid: str, user: str = "What is two plus two?", answer: str = "Four.") 
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    """The tiny Llama target (real tokenizer, chat template, config), built once (~5 s)."""
-    from eaglenest.tiny_target import build_tiny_target
-
-    return build_tiny_target(
-        tmp_path_factory.mktemp("tiny") / "target", [REPO / "data" / "tiny_target" / "corpus.jsonl"]
-    )
+def target(untrained_target) -> Path:
+    """The tiny Llama target (real tokenizer, chat template, config); its weights do not matter."""
+    return untrained_target
 
 
 # --------------------------------------------------------------------------------------------

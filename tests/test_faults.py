@@ -360,15 +360,9 @@ def assert_disk_full_message(err: EaglenestError, folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
+def tiny_model(untrained_target) -> Path:
     """A small Llama with the default target's tokenizer; its weights do not matter here."""
-    from eaglenest.tiny_target import build_tiny_target
-
-    out = tmp_path_factory.mktemp("tiny") / "target"
-    corpus = [REPO / "data" / "tiny_target" / "corpus.jsonl"]
-    return build_tiny_target(
-        out, corpus, num_layers=8, hidden_size=32, intermediate_size=64, pretrain_steps=0
-    )
+    return untrained_target
 
 
 def test_tokenize_on_a_full_disk_names_the_folder_and_leaves_nothing(tmp_path, small_disk, tiny_model):
@@ -443,9 +437,9 @@ def test_extraction_on_a_full_disk_names_the_shard_and_leaves_no_part_of_it(tmp_
     plan = {
         "aux_layer_ids": [2, 4, 5],
         "target_num_layers": 8,
-        "hidden_size": 32,
+        "hidden_size": 128,
         "samples": 6,
-        "bytes": 6 * 40 * 4 * 32 * 2,
+        "bytes": 6 * 40 * 4 * 128 * 2,
     }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     shards = small_disk("hidden_states", 16)
