@@ -14,13 +14,15 @@ from eaglenest.io import read_json
 
 
 def check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy) -> dict:
-    """The draft config, the hidden-state shards and the vocabulary mapping must agree.
+    """The draft config, the hidden states and the vocabulary mapping must agree.
 
+    `shard_dirs`: the shards (their manifest.json), or, where training extracts as it goes,
+    the hidden-state plan (plan.json), which names the layers and hidden size it will extract.
     Returns what was checked and found consistent (for the log)."""
     dcfg = read_json(draft_config_path)["eaglenest"]
     shard_dirs = list(shard_dirs)
     for shard in shard_dirs:
-        manifest_path = Path(shard) / "manifest.json"
+        manifest_path = Path(shard) / "manifest.json" if Path(shard).is_dir() else Path(shard)
         manifest = read_json(manifest_path)
         if manifest["aux_layer_ids"] != dcfg["aux_layer_ids"]:
             raise EaglenestError(

@@ -5,6 +5,7 @@ memory on a CUDA stream; on CPU that fails (`pin_memory=True requires a CUDA ...
 This subclass replaces only that step with a synchronous copy and write; everything else (file
 naming, lock files, the `hidden_states_path` handed back to the client) is vLLM's own. vLLM
 loads it through `kv_connector_module_path`; on GPU machines the original connector is used.
+`CpuFP8HiddenStatesConnector` does the same for fp8 storage.
 """
 
 from __future__ import annotations
@@ -41,8 +42,24 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
             lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            save_file({"hidden_states": hidden, "token_ids": pending.token_ids.clone()}, pending.filename)
+            save_file(self._tensors(hidden, pending.token_ids.clone()), pending.filename)
         finally:
             if lock_fd is not None:
                 os.close(lock_fd)
         self._req_copy_events[pending.req_id] = _Done()
+
+    @staticmethod
+    def _tensors(hidden: torch.Tensor, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden_states": hidden, "token_ids": token_ids}
+
+
+class CpuFP8HiddenStatesConnector(CpuHiddenStatesConnector):
+    """The CPU twin of hs_connectors' `FP8HiddenStatesConnector`: the same file (fp8 values,
+    one float32 scale per token), which the trainer's fp8 transfer dequantizes."""
+
+    @staticmethod
+    def _tensors(hidden: torch.Tensor, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        from hs_connectors.fp8_utils import SCALES_KEY, quantize_tensor_to_fp8
+
+        values, scales = quantize_tensor_to_fp8(hidden)
+        return {"hidden_states": values, SCALES_KEY: scales, "token_ids": token_ids}

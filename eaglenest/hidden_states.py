@@ -21,17 +21,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor, quantize_tensor_to_fp8
 
 from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path, disk_full, free_bytes, iter_jsonl, room_for
-from eaglenest.run_estimate import hidden_state_bytes
+from eaglenest.io import atomic_path, disk_full, free_bytes, human_bytes, iter_jsonl, room_for
+from eaglenest.run_estimate import DTYPE_BYTES, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
 from eaglenest.shard_check import file_record
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    # hs_connectors' fp8 format: the values over one float32 scale per token (fp8_utils).
+    "float8_e4m3fn": torch.float8_e4m3fn,
+}
+FP8 = "float8_e4m3fn"
 
 
 def shard_bounds(num_rows: int, num_shards: int, k: int) -> tuple[int, int]:
@@ -47,8 +55,10 @@ def vllm_extraction_spec(
     base_args: tuple[str, ...],
     env: tuple,
     cpu: bool,
+    dtype: str = "bfloat16",
 ) -> ServerSpec:
-    """The vLLM server that writes hidden states of the aux layers plus the last one."""
+    """The vLLM server that writes hidden states of the aux layers plus the last one; for fp8
+    storage its connector writes them quantized (hs_connectors' FP8 connector, or its CPU twin)."""
     spec_cfg = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -62,8 +72,11 @@ def vllm_extraction_spec(
         "kv_connector_extra_config": {"shared_storage_path": str(Path(spool_dir).resolve())},
     }
     if cpu:
-        kv_cfg["kv_connector"] = "CpuHiddenStatesConnector"
+        kv_cfg["kv_connector"] = "CpuFP8HiddenStatesConnector" if dtype == FP8 else "CpuHiddenStatesConnector"
         kv_cfg["kv_connector_module_path"] = "eaglenest.cpu_connector"
+    elif dtype == FP8:
+        kv_cfg["kv_connector"] = "FP8HiddenStatesConnector"
+        kv_cfg["kv_connector_module_path"] = "hs_connectors.fp8_hidden_states_connector"
     args = (
         *base_args,
         "--speculative-config",
@@ -76,6 +89,8 @@ def vllm_extraction_spec(
 
 def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: str) -> None:
     hs, tok = data.get("hidden_states"), data.get("token_ids")
+    if hs is not None and SCALES_KEY in data:
+        hs = dequantize_fp8_tensor(hs, data[SCALES_KEY], dtype=torch.float32)
     if hs is None or tok is None:
         raise EaglenestError("hidden-state file lacks hidden_states or token_ids", where)
     if tok.tolist() != input_ids:
@@ -88,16 +103,31 @@ def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: s
         raise EaglenestError("hidden_states contain NaN or Inf", where)
 
 
+def stored_tensors(hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    """One sample as the trainer's file holds it, in the stored dtype (fp8: quantized with its
+    per-token scales, exactly as hs_connectors' FP8 connector writes it)."""
+    tensors = {"token_ids": token_ids.to(torch.int64).contiguous()}
+    if dtype == FP8:
+        values, scales = quantize_tensor_to_fp8(hidden)
+        tensors.update(hidden_states=values.contiguous(), **{SCALES_KEY: scales.contiguous()})
+    else:
+        tensors["hidden_states"] = hidden.to(DTYPES[dtype]).contiguous()
+    return tensors
+
+
+def in_stored_format(data: dict, dtype: str) -> bool:
+    """Whether a file the engine wrote already is what a shard stores (then it is moved)."""
+    return (
+        data["hidden_states"].dtype == DTYPES[dtype]
+        and data["token_ids"].dtype == torch.int64
+        and (SCALES_KEY in data) == (dtype == FP8)
+    )
+
+
 def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> None:
     from safetensors.torch import save_file
 
-    save_file(
-        {
-            "hidden_states": hidden.to(DTYPES[dtype]).contiguous(),
-            "token_ids": token_ids.to(torch.int64).contiguous(),
-        },
-        str(path),
-    )
+    save_file(stored_tensors(hidden, token_ids, dtype), str(path))
 
 
 def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
@@ -169,11 +199,14 @@ def extract_shard_vllm(
         data = load_hidden_states(path)  # waits until the engine has written it
         validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
         out = tmp / f"hs_{i}.safetensors"
-        if data["hidden_states"].dtype == DTYPES[dtype] and data["token_ids"].dtype == torch.int64:
+        if in_stored_format(data, dtype):
             cleanup_hidden_states(path, keep_hidden_states=True)  # the lock file only
             shutil.move(path, out)
         else:
-            _save(out, data["hidden_states"], data["token_ids"], dtype)
+            hidden = data["hidden_states"]
+            if SCALES_KEY in data:
+                hidden = dequantize_fp8_tensor(hidden, data[SCALES_KEY], dtype=torch.float32)
+            _save(out, hidden, data["token_ids"], dtype)
             cleanup_hidden_states(path)
         return len(ids), out.name, file_record(out)
 
@@ -276,9 +309,11 @@ def extract_shard_transformers(
     return stats
 
 
-def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
+def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None) -> Path:
     """Assemble the folder speculators' trainer reads: a `save_to_disk` dataset of the rows and
-    `hidden_states/hs_{i}.safetensors` linking into the shards (no copy of the big files)."""
+    `hidden_states/hs_{i}.safetensors` linking into the shards (no copy of the big files).
+    Without shards (online, hybrid) `hidden_states` is empty, or is hybrid's `kept` folder,
+    where the trainer keeps what it extracts."""
     from datasets import Dataset
 
     data_dir = Path(data_dir)
@@ -286,13 +321,17 @@ def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
         shutil.rmtree(data_dir)
     rows = list(iter_jsonl(tokenized_path))
     hs_dir = data_dir / "hidden_states"
-    hs_dir.mkdir(parents=True)
+    data_dir.mkdir(parents=True)
+    if kept is not None:
+        hs_dir.symlink_to(Path(kept).resolve(), target_is_directory=True)
+    else:
+        hs_dir.mkdir()
     linked = 0
     for shard in shard_dirs:
         for f in Path(shard).glob("hs_*.safetensors"):
             (hs_dir / f.name).symlink_to(f.resolve())
             linked += 1
-    if linked != len(rows):
+    if shard_dirs and linked != len(rows):
         raise EaglenestError(
             f"shards hold {linked} samples but {tokenized_path} has {len(rows)} rows",
             shard_dirs[0] if shard_dirs else None,
@@ -307,15 +346,39 @@ def link_training_data(tokenized_path, shard_dirs, data_dir) -> Path:
     return data_dir
 
 
-def check_free_space(out_dir, needed: int, margin_bytes: int) -> None:
+def check_free_space(out_dir, needed: int, margin_bytes: int, mode: str, peaks: dict, dtype: str) -> None:
+    """Refuse a plan whose peak hidden-state bytes (in `mode`) and the margin do not fit, naming
+    the ways out: the modes that store less and the fp8 saving."""
     out_dir = Path(out_dir)
     free = free_bytes(out_dir)
-    if free < needed + margin_bytes:
-        raise EaglenestError(
-            f"not enough disk for hidden states: need {needed / 1e9:.2f} GB + "
-            f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free",
-            out_dir,
+    if free >= needed + margin_bytes:
+        return
+    ways = []
+    if mode != "online":
+        ways.append(
+            f"hidden_states.mode: online (nothing stored: about {human_bytes(peaks['online'])} in flight; "
+            "training extracts every epoch again from the run's server)"
         )
+    if mode == "offline":
+        ways.append(
+            "hidden_states.mode: hybrid (the first epoch extracts while training and keeps what it "
+            "extracted: the same bytes, written during training, no extraction stage)"
+        )
+    if dtype != FP8:
+        half = needed * DTYPE_BYTES[FP8] // DTYPE_BYTES[dtype]
+        ways.append(
+            f"hidden_states.dtype: {FP8} (about {human_bytes(half)}: fp8 values and a scale per token)"
+        )
+    raise EaglenestError(
+        f"not enough disk for hidden states in {mode} mode: need {needed / 1e9:.2f} GB + "
+        f"{margin_bytes / 1e9:.2f} GB margin, {free / 1e9:.2f} GB free. "
+        + (
+            "Ways out: " + "; or ".join(ways) + "."
+            if ways
+            else "Free disk or lower hidden_states.disk_margin_gb."
+        ),
+        out_dir,
+    )
 
 
 def plan_stage(
@@ -326,11 +389,13 @@ def plan_stage(
     out_dir,
     num_shards: int,
     dtype: str,
+    mode: str,
+    data_loaders: int,
     disk_margin_gb: float,
     plan_path,
 ) -> dict:
-    """The `plan_hidden_states` rule: fix the layers to extract, state the bytes extraction
-    will write, and refuse if the disk cannot hold them plus the margin."""
+    """The `plan_hidden_states` rule: fix the layers to extract, state the bytes each mode will
+    keep on disk at its peak, and refuse if the chosen mode's peak and the margin do not fit."""
     from eaglenest.io import read_json, write_json
     from eaglenest.target import read_shape
 
@@ -339,7 +404,10 @@ def plan_stage(
     n, hidden = shape.num_layers, shape.hidden_size
     aux = resolve_aux_layer_ids(aux_layer_ids, n, Path(target) / "config.json")
     tokens = int(meta["tokens_total"])
-    needed = hidden_state_bytes(tokens, hidden, dtype)
+    total = hidden_state_bytes(tokens, hidden, dtype)
+    peaks = peak_disk_by_mode(
+        total, hidden_state_bytes(int(meta["max_seq_len"]), hidden, dtype), data_loaders
+    )
     plan = {
         "samples": meta["samples_out"],
         "tokens": tokens,
@@ -348,18 +416,21 @@ def plan_stage(
         "aux_layer_ids": aux,
         "dtype": dtype,
         "num_shards": num_shards,
-        "bytes": needed,
+        "bytes": total,
+        "mode": mode,
+        "peak_disk_bytes": peaks,
         "disk_margin_gb": disk_margin_gb,
     }
     log.info(
-        "hidden states will take %.3f GB (%d tokens x 4 x %d x %s) in %d shards",
-        needed / 1e9,
+        "hidden states of %d tokens (4 x %d x %s): %s. Peak on disk per mode: %s (%s chosen)",
         tokens,
         hidden,
         dtype,
-        num_shards,
+        human_bytes(total),
+        ", ".join(f"{m} {human_bytes(b)}" for m, b in peaks.items()),
+        mode,
     )
-    check_free_space(out_dir, needed, int(disk_margin_gb * 1e9))
+    check_free_space(out_dir, peaks[mode], int(disk_margin_gb * 1e9), mode, peaks, dtype)
     write_json(plan_path, plan)
     return plan
 
@@ -398,14 +469,41 @@ def extract_stage(
             raise
 
 
+def spool_dir(run_dir) -> Path:
+    """Where the extraction server's connector writes each sample before it is moved into a
+    shard (offline) or loaded and deleted by the trainer (online)."""
+    return Path(run_dir) / ".eaglenest" / "hidden_states_spool"
+
+
+def extraction_server_spec(
+    run_dir, target: str, plan: dict, server_cfg: dict, dtype: str, visible_gpus: str | None = None
+) -> ServerSpec:
+    """The run's extraction server, from the plan and a rule's server params: the same spec for
+    extract_hidden_states and, online, train_draft (`visible_gpus`: its share of the GPUs)."""
+    from eaglenest.workflow import resolve_device
+
+    env = dict(server_cfg["env"])
+    if visible_gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpus
+    return vllm_extraction_spec(
+        target,
+        plan["aux_layer_ids"],
+        plan["target_num_layers"],
+        spool_dir(run_dir),
+        tuple(server_cfg["base_args"]),
+        tuple(sorted(env.items())),
+        cpu=resolve_device(server_cfg["device"]) == "cpu",
+        dtype=dtype,
+    )
+
+
 def _extract(
     run_dir, target, tokenized_path, out_dir, plan, shard, num_shards, dtype, backend, concurrency, server_cfg,
     trust_remote_code,
 ) -> dict:  # fmt: skip
     from eaglenest.server import serving
-    from eaglenest.workflow import resolve_device
 
-    aux, n, hidden = plan["aux_layer_ids"], plan["target_num_layers"], plan["hidden_size"]
+    aux, hidden = plan["aux_layer_ids"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
     if backend == "transformers":
         return extract_shard_transformers(
@@ -420,16 +518,7 @@ def _extract(
             meta=meta,
             trust_remote_code=trust_remote_code,
         )
-    spool = Path(run_dir) / ".eaglenest" / "hidden_states_spool"
-    spec = vllm_extraction_spec(
-        target,
-        aux,
-        n,
-        spool,
-        tuple(server_cfg["base_args"]),
-        tuple(sorted(server_cfg["env"].items())),
-        cpu=resolve_device(server_cfg["device"]) == "cpu",
-    )
+    spec = extraction_server_spec(run_dir, target, plan, server_cfg, dtype)
     with serving(
         spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
     ) as server:

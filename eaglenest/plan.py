@@ -183,8 +183,9 @@ def format_plan(plan: dict) -> str:
             f"{hs['dtype_bytes']} B {hs['dtype']}) in {hs['num_shards']} shards"
         )
         lines.append(f"  {hs['basis']}")
+        lines += format_peak_disk(hs)
         if hs.get("free_bytes") is not None:
-            need = hs["bytes"] + hs["disk_margin_bytes"]
+            need = hs["peak_disk"][hs["mode"]] + hs["disk_margin_bytes"]
             ok = "fits" if hs["free_bytes"] >= need else "DOES NOT FIT"
             lines.append(
                 f"  free where the run dir lives: {human_bytes(hs['free_bytes'])}; "
@@ -202,6 +203,23 @@ def format_plan(plan: dict) -> str:
     else:
         lines.append("GPU rules: none will run.")
     return "\n".join(lines)
+
+
+MODE_STORES = {
+    "offline": "every sample, stored by extract_hidden_states before training",
+    "online": "the samples in flight only, extracted by the server every epoch",
+    "hybrid": "every sample, kept while the first epoch extracts them",
+}
+
+
+def format_peak_disk(hs: dict) -> list[str]:
+    """One line per hidden_states.mode: its peak bytes on disk and what they are."""
+    lines = ["  peak disk per hidden_states.mode:"]
+    for mode, peak in hs["peak_disk"].items():
+        size = human_bytes(peak) if peak is not None else "unknown"
+        chosen = "  <- this run" if mode == hs["mode"] else ""
+        lines.append(f"    {mode:<8} {size:>10}  {MODE_STORES[mode]}{chosen}")
+    return lines
 
 
 def format_target(t: dict) -> list[str]:

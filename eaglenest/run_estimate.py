@@ -10,13 +10,52 @@ from eaglenest.errors import EaglenestError
 from eaglenest.io import free_bytes
 from eaglenest.target import cache_status, on_hub, read_shape
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
+#: hs_connectors' fp8 format stores one float32 scale per token beside the 8-bit values.
+FP8_SCALE_BYTES = 4
+MODES = ("offline", "online", "hybrid")
 
 
 def hidden_state_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
-    """Bytes the shards take: every token stores HIDDEN_LAYERS_STORED x hidden_size values."""
-    return num_tokens * HIDDEN_LAYERS_STORED * hidden_size * DTYPE_BYTES[dtype]
+    """Bytes the shards take: every token stores HIDDEN_LAYERS_STORED x hidden_size values
+    (and, in fp8, its scale)."""
+    per_token = HIDDEN_LAYERS_STORED * hidden_size * DTYPE_BYTES[dtype]
+    if dtype == "float8_e4m3fn":
+        per_token += FP8_SCALE_BYTES
+    return num_tokens * per_token
+
+
+def split_gpus(gpus: int, server_gpus: int | None) -> tuple[int, int]:
+    """(server, trainer) GPUs of a GPU rule's `gpus` when training reads hidden states from the
+    run's server (online, hybrid). One GPU is shared by both; else the server takes
+    `server_gpus` (null: half, rounded up) and the trainer's ranks the rest."""
+    if gpus == 1 and server_gpus in (None, 1):
+        return 1, 1
+    server = server_gpus if server_gpus is not None else (gpus + 1) // 2
+    if server >= gpus:
+        raise EaglenestError(
+            f"hidden_states.server_gpus is {server} of gpus {gpus}: leave at least one GPU "
+            "for the trainer (online and hybrid modes split the rule's GPUs between the two)"
+        )
+    return server, gpus - server
+
+
+def data_loaders(cfg: dict) -> int:
+    """Processes that each hold one sample's hidden states at a time while training online:
+    one per trainer rank and data-loader worker (see eaglenest.online_data)."""
+    ranks = 1
+    if cfg.get("vllm", {}).get("device") != "cpu" and "gpus" in cfg:
+        ranks = split_gpus(int(cfg["gpus"]), cfg.get("hidden_states", {}).get("server_gpus"))[1]
+    return ranks * max(1, int(cfg.get("train", {}).get("num_workers", 0) or 0))
+
+
+def peak_disk_by_mode(total_bytes: int | None, sample_bytes: int | None, loaders: int) -> dict:
+    """Peak hidden-state bytes on disk in each mode: offline stores every sample before
+    training; hybrid stores them too, while the first epoch trains; online holds only what is
+    in flight, one sample (at most `sample_bytes`) per data-loader process."""
+    online = sample_bytes * loaders if sample_bytes is not None else None
+    return {"offline": total_bytes, "online": online, "hybrid": total_bytes}
 
 
 def _read_json(path: Path):
@@ -214,6 +253,10 @@ def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) 
             est["tokens"] = samples * per
     if est["tokens"] is not None and hidden and dtype_bytes:
         est["bytes"] = hidden_state_bytes(est["tokens"], hidden, dtype)
+    max_len = cfg.get("tokenize", {}).get("max_seq_len")
+    sample = hidden_state_bytes(int(max_len), hidden, dtype) if max_len and hidden and dtype_bytes else None
+    est["mode"] = hs.get("mode", "offline")
+    est["peak_disk"] = peak_disk_by_mode(est["bytes"], sample, data_loaders(cfg))
     try:
         est["free_bytes"] = free_bytes(run)
     except OSError:
@@ -227,8 +270,11 @@ __all__ = [
     "DTYPE_BYTES",
     "GPU_ENGINE_FALLBACK",
     "HIDDEN_LAYERS_STORED",
+    "MODES",
     "estimate_hidden_states",
     "gpu_memory_check",
     "hidden_state_bytes",
+    "peak_disk_by_mode",
+    "split_gpus",
     "target_status",
 ]

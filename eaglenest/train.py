@@ -129,9 +129,13 @@ def trainer_args(
     cpu: bool,
     log_dir,
     trust_remote_code: bool = False,
+    vllm_endpoint: str | None = None,
+    fp8: bool = False,
 ) -> list[str]:
     """speculators' `train` flags for one EAGLE-3 run (hp: the config's `train` section;
-    `target`: the resolved target folder, a hub snapshot for a hub id)."""
+    `target`: the resolved target folder, a hub snapshot for a hub id). With `vllm_endpoint`,
+    samples without a stored file are extracted from that server (online, hybrid); without,
+    a missing one is an error. `fp8`: the stored and served files are hs_connectors' fp8."""
     args = [
         "--speculator-type",
         "eagle3",
@@ -173,8 +177,12 @@ def trainer_args(
         str(hp["num_workers"]),
         "--seed",
         str(hp["seed"]),
-        "--on-missing",
-        "raise",
+        *(
+            ["--on-missing", "generate", "--vllm-endpoint", vllm_endpoint]
+            if vllm_endpoint
+            else ["--on-missing", "raise"]
+        ),
+        *(["--hidden-states-backend", "fp8"] if fp8 else []),
         "--log-dir",
         str(log_dir),
         "--scheduler-type",
@@ -206,9 +214,18 @@ def trainer_command(args: list[str], gpus: int) -> list[str]:
     return [sys.executable, "-m", "eaglenest.train", *args]
 
 
-def run_trainer(args: list[str], gpus: int, log_file, metrics_file, save_path, checkpoint_bytes: int) -> None:
+def run_trainer(
+    args: list[str],
+    gpus: int,
+    log_file,
+    metrics_file,
+    save_path,
+    checkpoint_bytes: int,
+    env: dict | None = None,
+) -> None:
     """Run speculators' trainer in a child process, recording per-epoch metrics to
-    `metrics_file`. A failure for want of disk for a checkpoint says so."""
+    `metrics_file` (`env`: more variables for it). A failure for want of disk for a checkpoint
+    says so."""
     from eaglenest.io import disk_full, free_bytes, reports_disk_full
     from eaglenest.server import log_tail
 
@@ -216,7 +233,10 @@ def run_trainer(args: list[str], gpus: int, log_file, metrics_file, save_path, c
     log.info("$ %s", " ".join(cmd))
     with open(log_file, "ab") as f:
         proc = subprocess.run(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, METRICS_FILE_ENV: str(metrics_file)}
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), METRICS_FILE_ENV: str(metrics_file)},
         )
     if proc.returncode != 0:
         tail = log_tail(log_file)
@@ -288,6 +308,10 @@ def main(argv: list[str]) -> None:
     # Unset when the command in a checkpoint's train_command.txt is replayed by hand.
     if os.environ.get(METRICS_FILE_ENV):
         record_epoch_metrics(os.environ[METRICS_FILE_ENV])
+    from eaglenest import online_data
+
+    if os.environ.get(online_data.KEY_ENV):  # online and hybrid mode
+        online_data.use_served_dataset()
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
@@ -358,7 +382,9 @@ def train_stage(
     *,
     run_dir,
     target,
+    target_record,
     shard_dirs,
+    plan_path,
     tokenized_path,
     t2d_npy,
     d2t_npy,
@@ -366,48 +392,70 @@ def train_stage(
     hp: dict,
     gpus: int,
     device: str,
+    hs_mode: str = "offline",
+    hs_dtype: str = "bfloat16",
+    server_cfg: dict | None = None,
+    server_gpus: int | None = None,
     out_checkpoint,
     out_metrics,
     out_curves,
     log_file,
 ) -> dict:
     """The `train_draft` rule: assemble the trainer's inputs, train (resuming), keep the result.
-    `target` is the resolved target (eaglenest.target.Target)."""
-    import shutil
-
+    `target` is the resolved target (eaglenest.target.Target). Offline, the trainer reads the
+    shards; online and hybrid (`hs_mode`), it extracts from the run's server as it trains."""
     from eaglenest.contracts import check_training_inputs
-    from eaglenest.hidden_states import link_training_data
+    from eaglenest.hidden_states import FP8, link_training_data
     from eaglenest.io import atomic_path, read_json, write_json
     from eaglenest.server import Lease
     from eaglenest.shard_check import verify_shards
     from eaglenest.workflow import resolve_device
 
-    # A file truncated or corrupted after its shard finished must fail here, naming the file
-    # and the shard, not hours into training inside speculators' data loader.
-    log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
+    offline = hs_mode == "offline"
+    if offline:
+        # A file truncated or corrupted after its shard finished must fail here, naming the
+        # file and the shard, not hours into training inside speculators' data loader.
+        log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
+    hs_sources = shard_dirs if offline else [plan_path]
     log.info(
-        "training inputs agree: %s", check_training_inputs(draft_config_path, shard_dirs, t2d_npy, d2t_npy)
+        "training inputs agree: %s", check_training_inputs(draft_config_path, hs_sources, t2d_npy, d2t_npy)
     )
-    # Training needs the accelerators the leased server holds.
-    Lease(run_dir).release()
+    if offline:
+        Lease(run_dir).release()  # training needs the accelerators the leased server holds
     dcfg = read_json(draft_config_path)
-    manifests = [read_json(Path(s) / "manifest.json") for s in shard_dirs]
+    # What the hidden states are: the shards' records, or what training will extract.
+    hs_key = (
+        [read_json(Path(s) / "manifest.json") for s in shard_dirs]
+        if offline
+        else [read_json(plan_path), hs_dtype, _file_digest(tokenized_path), _file_digest(target_record)]
+    )
     key = spec_key(
-        [hp, dcfg, _file_digest(t2d_npy), _file_digest(d2t_npy), _file_digest(tokenized_path), manifests]
+        [
+            hp,
+            dcfg,
+            _file_digest(t2d_npy),
+            _file_digest(d2t_npy),
+            _file_digest(tokenized_path),
+            hs_mode,
+            hs_key,
+        ]
     )
     work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
     data_dir, save_path = work / "data", work / "checkpoints"
-    link_training_data(tokenized_path, shard_dirs, data_dir)
+    kept = kept_hidden_states(run_dir, spec_key(hs_key)) if hs_mode == "hybrid" else None
+    link_training_data(tokenized_path, shard_dirs if offline else [], data_dir, kept=kept)
     remove_incomplete_checkpoints(save_path)
     done = epochs_done(save_path)
     log.info(
-        "training spec %s: %d of %d epochs already done%s",
+        "training spec %s (%s hidden states): %d of %d epochs already done%s",
         key,
+        hs_mode,
         len(done),
         hp["epochs"],
         " (resuming)" if done else "",
     )
-    args = trainer_args(
+    cuda = resolve_device(device) == "cuda"
+    train_args = dict(
         target=target.path,
         data_dir=data_dir,
         save_path=save_path,
@@ -417,13 +465,22 @@ def train_stage(
         draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
         aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"],
         hp=hp,
-        cpu=resolve_device(device) == "cpu",
+        cpu=not cuda,
         log_dir=work / "logs",
         trust_remote_code=target.trust_remote_code,
+        fp8=hs_dtype == FP8,
     )
-    gpus_here = gpus if resolve_device(device) == "cuda" else 1
     metrics_file = work / "epoch_metrics.jsonl"
-    run_trainer(args, gpus_here, log_file, metrics_file, save_path, checkpoint_bytes(save_path, dcfg))
+    ckpt_bytes = checkpoint_bytes(save_path, dcfg)
+    if offline:
+        run_trainer(
+            trainer_args(**train_args), gpus if cuda else 1, log_file, metrics_file, save_path, ckpt_bytes
+        )
+    else:
+        train_with_server(
+            run_dir, target, read_json(plan_path), server_cfg, hs_dtype, kept, gpus if cuda else None,
+            server_gpus, train_args, log_file, metrics_file, ckpt_bytes,
+        )  # fmt: skip
     final = epochs_done(save_path)
     if not final:
         raise RuntimeError(f"speculators wrote no checkpoint into {save_path}")
@@ -436,8 +493,76 @@ def train_stage(
         "epochs": len(final),
         "resumed_from_epoch": done[-1] if done else None,
         "final_epoch": final[-1],
+        "hidden_states_mode": hs_mode,
         "per_epoch": metrics,
     }
+    if kept is not None:
+        summary["hidden_states_kept"] = len(list(kept.glob("hs_*.safetensors")))
     write_json(out_metrics, summary)
     plot_curves(metrics, out_curves)
     return summary
+
+
+def kept_hidden_states(run_dir, key: str) -> Path:
+    """Hybrid mode's folder of kept samples for these hidden states (`key`: the plan, dtype,
+    rows and target); folders kept for other hidden states are stale and removed."""
+    from eaglenest.online_data import remove_pending
+
+    root = Path(run_dir).resolve() / ".eaglenest" / "hidden_states_kept"
+    for stale in root.iterdir() if root.exists() else ():
+        if stale.name != key:
+            log.info("removing hidden states kept for an earlier spec: %s", stale)
+            shutil.rmtree(stale)
+    folder = root / key
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_pending(folder)
+    log.info("hybrid: %d samples already kept in %s", len(list(folder.glob("hs_*.safetensors"))), folder)
+    return folder
+
+
+def gpu_split(gpus: int, server_gpus: int | None) -> tuple[str, str]:
+    """CUDA_VISIBLE_DEVICES of the server and of the trainer: the job's GPUs (as it was given
+    them) split by eaglenest.run_estimate.split_gpus; one GPU is shared."""
+    from eaglenest.run_estimate import split_gpus
+
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = given.split(",") if given else [str(i) for i in range(gpus)]
+    server, trainer = split_gpus(len(devices), server_gpus)
+    if server + trainer > len(devices):  # one GPU, shared
+        return devices[0], devices[0]
+    return ",".join(devices[:server]), ",".join(devices[server:])
+
+
+def train_with_server(
+    run_dir, target, plan, server_cfg, hs_dtype, kept, gpus, server_gpus, train_args, log_file, metrics_file,
+    ckpt_bytes,
+) -> None:  # fmt: skip
+    """Train while the run's extraction server (the spec extract_hidden_states uses, on its
+    share of the GPUs; `gpus` None: CPU, shared) extracts each sample the trainer asks for.
+    Online, every generated file is deleted once loaded; hybrid keeps it in `kept`."""
+    from eaglenest.hidden_states import extraction_server_spec, spool_dir
+    from eaglenest.online_data import KEEP_ENV, KEY_ENV
+    from eaglenest.server import serving
+
+    server_devices, trainer_devices = gpu_split(gpus, server_gpus) if gpus else (None, None)
+    spec = extraction_server_spec(run_dir, target.path, plan, server_cfg, hs_dtype, server_devices)
+    ranks = len(trainer_devices.split(",")) if trainer_devices else 1
+    try:
+        with serving(
+            spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
+        ) as server:
+            log.info("extracting hidden states on demand from the server on port %d", server.port)
+            env = {KEY_ENV: server.api_key, KEEP_ENV: "1" if kept is not None else "0"}
+            if trainer_devices:
+                env["CUDA_VISIBLE_DEVICES"] = trainer_devices
+            args = trainer_args(**train_args, vllm_endpoint=server.api_url)
+            save_path = train_args["save_path"]
+            run_trainer(args, ranks, log_file, metrics_file, save_path, ckpt_bytes, env=env)
+    finally:
+        # Files of requests the trainer never loaded (an interrupt): nothing outlives training.
+        spool = spool_dir(run_dir)
+        left = [f for f in spool.rglob("*") if f.is_file()] if spool.exists() else []
+        for f in left:
+            f.unlink()
+        if left:
+            log.info("removed %d unclaimed files from the extraction spool %s", len(left), spool)

@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from eaglenest.errors import EaglenestError
+from eaglenest.run_estimate import data_loaders, split_gpus
 from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.target import HUB_ID, cache_key_file, check_target, on_hub
@@ -26,7 +27,10 @@ TARGET_CACHE = config["target"]["cache_dir"]
 TARGET_RECORD = f"{RUN}/target.json"
 GPUS = config["gpus"]
 NUM_SHARDS = config["hidden_states"]["num_shards"]
-SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)]
+# offline: extraction jobs store the shards before training; online and hybrid: train_draft
+# reads hidden states from the run's server (eaglenest.online_data), so no shard is in the DAG.
+HS_MODE = config["hidden_states"]["mode"]
+SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)] if HS_MODE == "offline" else []
 # The files the tiny Llama rule writes; a production target is the user's folder or hub id.
 TARGET_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
@@ -34,6 +38,16 @@ try:
     check_target(TARGET, BUILD_TINY)
 except EaglenestError as e:
     raise WorkflowError(f"config target.path: {e}")
+if HS_MODE != "offline" and config["vllm"]["device"] != "cpu":
+    try:
+        SERVER_GPUS, _ = split_gpus(GPUS, config["hidden_states"]["server_gpus"])
+    except EaglenestError as e:
+        raise WorkflowError(f"config: {e}")
+    if config["vllm"]["tensor_parallel_size"] > SERVER_GPUS:
+        raise WorkflowError(
+            f"config: vllm.tensor_parallel_size {config['vllm']['tensor_parallel_size']} exceeds the "
+            f"{SERVER_GPUS} GPUs the extraction server gets in {HS_MODE} mode (hidden_states.server_gpus)"
+        )
 if TARGET_ON_HUB and not HUB_ID.match(TARGET):
     raise WorkflowError(
         f"config target.path: {TARGET}: the kimi_k25 miniature is published "
@@ -96,6 +110,14 @@ def server_params():
         "startup_timeout_s": config["vllm"]["startup_timeout_s"],
         "stall_timeout_s": config["vllm"]["stall_timeout_s"],
     }
+
+
+def train_modules():
+    """The modules train_draft runs: in online and hybrid mode, the server's as well."""
+    modules = ["train", "contracts", "hidden_states", "shard_check", "draft_config", "target"]
+    if HS_MODE != "offline":
+        modules += ["online_data", "server", "cpu_connector"]
+    return modules
 
 
 def start_run():

@@ -50,7 +50,7 @@ rule run_summary:
             rules.draft_config.benchmark,
             rules.build_vocab_mapping.benchmark,
             rules.plan_hidden_states.benchmark,
-            *expand(rules.extract_hidden_states.benchmark, k=range(NUM_SHARDS)),
+            *expand(rules.extract_hidden_states.benchmark, k=range(len(SHARD_DIRS))),
             rules.train_draft.benchmark,
             rules.export_draft.benchmark,
             rules.evaluate_acceptance.benchmark,

@@ -1,4 +1,5 @@
-# Hidden-state extraction: a storage plan (layers, bytes, disk check), then one job per shard.
+# Hidden-state extraction: a storage plan (layers, each mode's peak bytes, disk check), then, in
+# offline mode, one job per shard (online and hybrid: train_draft extracts, see rules/train.smk).
 # The draft's config is not an input: changing the draft vocabulary must not re-extract.
 # Shards are ordinary outputs,
 # so deleting one rebuilds it alone; all GPU jobs share one leased vLLM server.
@@ -18,6 +19,8 @@ rule plan_hidden_states:
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         num_shards=NUM_SHARDS,
         dtype=config["hidden_states"]["dtype"],
+        mode=HS_MODE,
+        data_loaders=data_loaders(config),
         disk_margin_gb=config["hidden_states"]["disk_margin_gb"],
         code=code_hash("hidden_states", "draft_config", "run_estimate", "target"),
     script:

@@ -1,9 +1,11 @@
-# Training with speculators' EAGLE-3 trainer, and the export vLLM serves directly.
+# Training with speculators' EAGLE-3 trainer, and the export vLLM serves directly. Offline, it
+# reads the stored shards; online and hybrid, it extracts from the run's server as it trains.
 
 
 rule train_draft:
     input:
         shards=lambda wildcards: SHARD_DIRS,  # a function: a list here makes planning quadratic
+        plan=rules.plan_hidden_states.output.plan,
         data=rules.tokenize.output.data,
         t2d=rules.build_vocab_mapping.output.t2d_npy,
         d2t=rules.build_vocab_mapping.output.d2t_npy,
@@ -26,7 +28,14 @@ rule train_draft:
         hp=config["train"],
         gpus=GPUS,
         device=config["vllm"]["device"],
-        code=code_hash("train", "contracts", "hidden_states", "shard_check", "draft_config", "target"),
+        # The mode is a training param: switching it reruns training and what follows, never
+        # regeneration or tokenization (one draft per run folder, as in every mode).
+        hs_mode=HS_MODE,
+        hs_dtype=config["hidden_states"]["dtype"],
+        # Offline training starts no server: its settings must not retrain it.
+        server=server_params() if HS_MODE != "offline" else None,
+        server_gpus=config["hidden_states"]["server_gpus"] if HS_MODE != "offline" else None,
+        code=code_hash(*train_modules()),
     script:
         "../scripts/train_draft.py"
 

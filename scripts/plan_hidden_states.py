@@ -17,6 +17,8 @@ run_logged(
     out_dir=Path(sm.output.plan).parent,
     num_shards=p.num_shards,
     dtype=p.dtype,
+    mode=p.mode,
+    data_loaders=p.data_loaders,
     disk_margin_gb=p.disk_margin_gb,
     plan_path=sm.output.plan,
 )

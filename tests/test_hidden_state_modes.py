@@ -1,0 +1,245 @@
+"""hidden_states.mode (offline, online, hybrid) and fp8 storage.
+
+The fast tests check the plan (each mode's peak disk, the refusal's ways out) and the fp8 file
+format against the trainer's own reader (hs_connectors). The engine tests run the real
+workflow: online training extracts everything from the run's server and leaves no hidden-state
+file behind; hybrid training, killed and resumed, extracts each sample once and keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, default_config, planned_jobs, snakemake, write_config
+
+from eaglenest.errors import EaglenestError
+from eaglenest.hidden_states import FP8, plan_stage, stored_tensors, validate_sample
+from eaglenest.plan import format_plan
+from eaglenest.run_estimate import estimate_hidden_states, hidden_state_bytes
+
+EXTRACTION_REQUEST = '"POST /v1/completions HTTP/1.1" 200'
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+
+def test_plan_states_the_peak_disk_of_every_mode(tmp_path):
+    cfg = default_config()
+    cfg["tokenize"]["max_seq_len"] = 256
+    cfg["train"]["num_workers"] = 2
+    cfg["vllm"]["device"] = "cpu"
+    meta = tmp_path / cfg["run_dir"] / "tokenized" / "metadata.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"tokens_total": 10_000, "samples_out": 50}))
+    est = estimate_hidden_states(cfg, tmp_path)
+    total = 10_000 * 4 * 128 * 2
+    # online holds one sample of at most max_seq_len tokens per data-loader worker
+    assert est["peak_disk"] == {"offline": total, "online": 2 * 256 * 4 * 128 * 2, "hybrid": total}
+    plan = {
+        "run_dir": cfg["run_dir"],
+        "nothing_to_do": True,
+        "hidden_states": est,
+        "target": {"source": "built by the workflow", "name": "t", "gpu_memory": {}},
+        "gpu_order": [],
+    }
+    text = format_plan(plan)
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("    ")}
+    assert "10.24 MB" in lines["offline"] and "10.24 MB" in lines["hybrid"]
+    assert "524.29 kB" in lines["online"]
+    assert lines["offline"].endswith("<- this run")
+
+
+def test_fp8_storage_is_about_half_of_bfloat16():
+    bf16 = hidden_state_bytes(1000, 7168, "bfloat16")
+    fp8 = hidden_state_bytes(1000, 7168, FP8)
+    assert fp8 == 1000 * (4 * 7168 + 4)  # a float32 scale per token beside the values
+    assert 0.5 <= fp8 / bf16 < 0.501
+
+
+def _plan(tmp_path, untrained_target, mode, dtype="bfloat16", margin_gb=0.0):
+    meta = tmp_path / "metadata.json"
+    meta.write_text(json.dumps({"tokens_total": 1000, "samples_out": 10, "max_seq_len": 128}))
+    return plan_stage(
+        metadata_path=meta,
+        target=str(untrained_target),
+        aux_layer_ids=None,
+        out_dir=tmp_path,
+        num_shards=2,
+        dtype=dtype,
+        mode=mode,
+        data_loaders=1,
+        disk_margin_gb=margin_gb,
+        plan_path=tmp_path / f"plan-{mode}.json",
+    )
+
+
+def test_storage_refusal_names_the_modes_and_fp8_as_ways_out(tmp_path, untrained_target):
+    with pytest.raises(EaglenestError) as e:
+        _plan(tmp_path, untrained_target, "offline", margin_gb=1e9)
+    msg = str(e.value)
+    assert "hidden_states.mode: online" in msg and "hidden_states.mode: hybrid" in msg
+    assert f"hidden_states.dtype: {FP8}" in msg
+    assert not (tmp_path / "plan-offline.json").exists()
+    # Already online and in fp8: no way out left but the disk itself.
+    with pytest.raises(EaglenestError) as e:
+        _plan(tmp_path, untrained_target, "online", dtype=FP8, margin_gb=1e9)
+    assert "Ways out" not in str(e.value)
+
+
+def test_the_plan_checks_the_chosen_modes_peak(tmp_path, untrained_target):
+    plan = _plan(tmp_path, untrained_target, "online")
+    peaks = plan["peak_disk_bytes"]
+    assert peaks["offline"] == peaks["hybrid"] == hidden_state_bytes(1000, 128, "bfloat16")
+    assert peaks["online"] == hidden_state_bytes(128, 128, "bfloat16")
+    assert json.loads((tmp_path / "plan-online.json").read_text())["mode"] == "online"
+
+
+# --- the fp8 format --------------------------------------------------------------------------
+
+
+def test_fp8_files_are_what_the_trainers_fp8_reader_reads(tmp_path):
+    from hs_connectors.transfer import FP8Transfer
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    hidden = torch.randn(50, 4, 64) * torch.logspace(-2, 3, 50)[:, None, None]  # outliers past fp8's 448
+    ids = torch.arange(50)
+    save_file(stored_tensors(hidden, ids, FP8), str(tmp_path / "hs_7.safetensors"))
+    save_file(stored_tensors(hidden, ids, "bfloat16"), str(tmp_path / "bf16.safetensors"))
+    ratio = (tmp_path / "hs_7.safetensors").stat().st_size / (tmp_path / "bf16.safetensors").stat().st_size
+    assert ratio < 0.53
+    sample = FP8Transfer(tmp_path, dequantize_dtype=torch.float32).get_cached(7)
+    assert sample["token_ids"].tolist() == ids.tolist()
+    # e4m3 keeps 3 mantissa bits: each value within 1/16 of the token's largest (scaled) value
+    err = (sample["hidden_states"] - hidden).abs().amax(dim=(1, 2))
+    assert torch.all(err <= hidden.abs().amax(dim=(1, 2)) / 16)
+    from safetensors.torch import load_file
+
+    validate_sample(load_file(str(tmp_path / "hs_7.safetensors")), ids.tolist(), 64, "hs_7")
+
+
+# --- the real workflow -----------------------------------------------------------------------
+
+
+def extraction_requests(run_dir: Path) -> int:
+    """Requests the run's extraction server answered, from its own access log (the server
+    logs whose command line names the extract_hidden_states method)."""
+    count = 0
+    for log in (run_dir / ".eaglenest" / "server").glob("server-*.log"):
+        text = log.read_text(errors="replace")
+        if "extract_hidden_states" in text:
+            count += text.count(EXTRACTION_REQUEST)
+    return count
+
+
+def hidden_state_files(run_dir: Path) -> list[Path]:
+    """Every hidden-state file under the run folder: shards, the spool, kept samples."""
+    return [
+        p
+        for p in run_dir.rglob("*.safetensors*")
+        if "checkpoint" not in p.parts
+        and p.parent.name not in ("checkpoint", "draft")
+        and not p.parent.name.isdigit()  # speculators' epoch checkpoints
+    ]
+
+
+@pytest.fixture(scope="module")
+def modes_run(tmp_path_factory, untrained_target):
+    """24 prompts on the untrained tiny target (weights do not matter here), 2 epochs."""
+    workdir = tmp_path_factory.mktemp("modes")
+    cfg = default_config()
+    cfg["target"]["path"] = str(untrained_target)
+    cfg["target"]["build_tiny"] = None
+    cfg["prompts"]["sources"] = [{"name": "default", "type": "bundled", "samples": 24}]
+    cfg["prompts"]["eval_samples"] = 4
+    cfg["regenerate"]["max_tokens"] = 48
+    cfg["train"]["epochs"] = 2
+    cfg["hidden_states"]["mode"] = "online"
+    return {"workdir": workdir, "cfg": cfg, "run_dir": workdir / cfg["run_dir"]}
+
+
+def rows(run_dir: Path) -> list[list[int]]:
+    lines = (run_dir / "tokenized" / "tokenized_data.jsonl").read_text().splitlines()
+    return [json.loads(line)["input_ids"] for line in lines]
+
+
+@pytest.mark.engine
+def test_online_training_extracts_from_the_runs_server_and_stores_nothing(modes_run):
+    workdir, cfg, run_dir = modes_run["workdir"], modes_run["cfg"], modes_run["run_dir"]
+    configfile = write_config(workdir, cfg)
+    target = f"{cfg['run_dir']}/train/train_metrics.json"
+    planned = planned_jobs(snakemake(workdir, configfile, "-n", target))
+    assert "extract_hidden_states" not in planned and planned["train_draft"] == 1
+
+    snakemake(workdir, configfile, "--cores", "2", target)
+    n = len(rows(run_dir))
+    # Every epoch sends every row, training and validation split, to the server once.
+    assert extraction_requests(run_dir) == cfg["train"]["epochs"] * n
+    assert hidden_state_files(run_dir) == []
+    assert not list((run_dir / "hidden_states").glob("shard_*"))
+    metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
+    assert metrics["hidden_states_mode"] == "online" and metrics["final_epoch"] == 1
+    log = (run_dir / "logs" / "train_draft.log").read_text()
+    assert "--on-missing generate --vllm-endpoint http://127.0.0.1:" in log
+
+
+@pytest.mark.engine
+def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run):
+    """Runs after the online test: switching mode reruns training only. In fp8, so that the
+    engine's fp8 connector and the trainer's fp8 reader are exercised as well."""
+    workdir, cfg, run_dir = modes_run["workdir"], modes_run["cfg"], modes_run["run_dir"]
+    cfg = {**cfg, "hidden_states": {**cfg["hidden_states"], "mode": "hybrid", "dtype": FP8}}
+    configfile = write_config(workdir, cfg, "hybrid.yaml")
+    target = f"{cfg['run_dir']}/train/train_metrics.json"
+    planned = planned_jobs(snakemake(workdir, configfile, "-n", target))
+    assert set(planned) == {"plan_hidden_states", "train_draft"}, planned
+
+    n = len(rows(run_dir))
+    before = extraction_requests(run_dir)
+    kept_root = run_dir / ".eaglenest" / "hidden_states_kept"
+
+    def kept() -> list[Path]:
+        return list(kept_root.glob("*/hs_*.safetensors"))
+
+    cmd = [
+        sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+        "--configfile", str(configfile), "--cores", "2", target,
+    ]  # fmt: skip
+    with open(workdir / "killed-hybrid.log", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while len(kept()) < n // 3:
+        assert proc.poll() is None, (workdir / "killed-hybrid.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the first epoch kept nothing"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # in the first epoch: a lost node
+    proc.wait()
+    snakemake(workdir, configfile, "--unlock")
+    kept_at_kill = len(kept())
+    assert kept_at_kill < n
+    requests_at_kill = extraction_requests(run_dir)
+
+    snakemake(workdir, configfile, "--cores", "2", "--rerun-incomplete", target)
+    # The resumed run extracted exactly the rows not kept (none twice), then read all back.
+    assert extraction_requests(run_dir) - requests_at_kill == n - kept_at_kill
+    # A request in flight when the node died is the only one that may have been sent twice.
+    assert n <= extraction_requests(run_dir) - before <= n + 1
+    files = sorted(kept(), key=lambda p: int(p.stem.split("_")[1]))
+    assert [int(p.stem.split("_")[1]) for p in files] == list(range(n))
+    from safetensors.torch import load_file
+
+    for p, ids in zip(files, rows(run_dir)):
+        data = load_file(str(p))
+        assert data["hidden_states"].dtype == torch.float8_e4m3fn
+        validate_sample(data, ids, 128, str(p))
+    metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
+    assert metrics["hidden_states_mode"] == "hybrid" and metrics["hidden_states_kept"] == n
+    assert not list((run_dir / ".eaglenest" / "hidden_states_spool").rglob("*.safetensors"))
