@@ -13,13 +13,17 @@ the bundled prompts. Then times
    (parse + numpy mask + bincount), counting alone on parsed rows (numpy, the way the stage
    does it per 256-row chunk), and, for scale, a pure-Python loop on the same rows.
 
+3. the whole stage with 1 and 2 worker processes (`tokenize.processes`, the rule's threads):
+   wall time, MB/s, and whether the three outputs are the same bytes.
+
 Goal (issue 8): token counting runs at no less than half the speed of merely parsing the file.
-Usage: python benchmarks/bench_tokenize.py [--size-mb 50] [--work DIR] [--repeat 3]
+Usage: python benchmarks/bench_tokenize.py [--size-mb 50] [--work DIR] [--repeat 3] [--processes 1,2]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -173,6 +177,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="keep files here (default: temp)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the cheap timings")
     parser.add_argument("--max-seq-len", type=int, default=8192)
+    parser.add_argument(
+        "--processes", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2],
+        help="worker-process counts to time the stage with (comma-separated; the first is the reference)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     import torch
@@ -205,6 +213,19 @@ def main() -> None:
             lambda: tokenize_stage(raw, target, args.max_seq_len, "truncate", data, freq, meta_path), 1
         )
         meta = t_tok[2]
+        # The stage with 1 and more worker processes: wall time, and the outputs' bytes.
+        scaling = []
+        for procs in args.processes:
+            d = work / f"tokenized-{procs}p"
+            d.mkdir(exist_ok=True)
+            files = (d / "tokenized_data.jsonl", d / "token_freq.pt", d / "metadata.json")
+            wall = best_of(
+                lambda p=procs, f=files: tokenize_stage(
+                    raw, target, args.max_seq_len, "truncate", *f, processes=p
+                ),
+                1,
+            )[0]
+            scaling.append((procs, wall, [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]))
         tok_mb = data.stat().st_size / 1e6
         vocab = meta["target_vocab_size"]
 
@@ -256,6 +277,13 @@ def main() -> None:
         f"{t_py[1] / t_parse_tok[1]:.0%} as a Python loop"
     )
     print(f"counts identical to the stage's token_freq.pt: {same}")
+    base = scaling[0]
+    for procs, wall, digests in scaling:
+        print(
+            f"tokenize_stage with {procs} process(es): {wall:7.2f} s wall, {raw_mb / wall:6.2f} MB/s of "
+            f"raw_responses.jsonl, {base[1] / wall:.2f}x the {base[0]}-process speed; outputs "
+            f"byte-identical to {base[0]} process(es): {digests == base[2]}"
+        )
 
 
 if __name__ == "__main__":

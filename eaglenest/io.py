@@ -50,6 +50,15 @@ def atomic_path(path, is_dir: bool = False) -> Iterator[Path]:
         raise
 
 
+def save_tensor(tensor, path) -> None:
+    """torch.save, to the same bytes every time: given a path, torch names the zip's inner
+    folder after the file (here a random temporary name); given an open file, "archive"."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(tensor, f)
+
+
 def write_json(path, obj) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")

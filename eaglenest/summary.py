@@ -43,7 +43,7 @@ def summarize_run(
             f"with reasoning",
         ),
         ("aux layer ids", plan["aux_layer_ids"]),
-        ("hidden states", f"{plan['bytes'] / 1e6:.1f} MB {plan['dtype']} in {plan['num_shards']} shards"),
+        ("hidden states", hidden_states_line(plan)),
         ("epochs", metrics["epochs"]),
         ("learning rate", lr),
         ("num_speculative_tokens", acc["num_speculative_tokens"]),
@@ -60,6 +60,17 @@ def summarize_run(
     with atomic_path(out_csv) as tmp:
         pd.DataFrame(rows, columns=["parameter", "value"]).to_csv(tmp, index=False)
     return rows
+
+
+def hidden_states_line(plan: dict) -> str:
+    """What the hidden states were and where they lived, in the plan's mode."""
+    size = f"{plan['bytes'] / 1e6:.1f} MB {plan['dtype']}"
+    where = {
+        "offline": f"stored in {plan['num_shards']} shards",
+        "online": "extracted while training, none stored",
+        "hybrid": "extracted in the first epoch and kept",
+    }
+    return f"{size}, {plan['mode']}: {where[plan['mode']]}"
 
 
 def read_benchmark(path) -> dict:

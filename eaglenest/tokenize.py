@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ from eaglenest.chat_turns import (
     split_inline_reasoning,
 )
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path, iter_jsonl, room_for
+from eaglenest.io import atomic_path, iter_jsonl, room_for, save_tensor
 from eaglenest.target import load_tokenizer, read_shape
 
 ROLES = ("system", "user", "assistant")
@@ -484,13 +485,17 @@ def tokenize_stage(
     target_revision: str | None = None,
     trust_remote_code: bool = False,
     multi_turn: str = "all",
+    processes: int = 1,
 ) -> dict:
     """Tokenize `raw_responses.jsonl` for draft training; write data, token counts, metadata.
 
     `target_dir` is the target model folder (tokenizer files, chat template and config.json);
     its tokenizer is loaded as it ships (remote code with `trust_remote_code`). `multi_turn` is
     the policy for conversations with several assistant turns (see the module docstring).
-    Outputs appear only if the whole run succeeds. Returns the metadata dict.
+    `processes` > 1 renders and tokenizes chunks of rows in that many worker processes; this
+    process keeps the order and does all the counting and writing, so the outputs are the
+    same bytes whatever the count. Outputs appear only if the whole run succeeds. Returns the
+    metadata dict.
     """
     import torch
 
@@ -514,9 +519,9 @@ def tokenize_stage(
         responses_path,
     )
 
-    def write(batch: list[dict], f) -> None:
+    def write(batch: list[dict], results: list[dict], f) -> None:
         lines, masked = [], []
-        for row, result in zip(batch, encode_rows(chat, batch, responses_path)):
+        for row, result in zip(batch, results):
             kept = tally.row(row, result, multi_turn)
             if kept is not None:
                 ids, mask = kept
@@ -527,7 +532,6 @@ def tokenize_stage(
                 )
         tally.count_tokens(masked)
         f.write("".join(lines))
-        batch.clear()
 
     # About what the outputs take: the responses' size (their ids as text, the masks) and the
     # dense counts, 8 bytes a vocabulary entry.
@@ -537,20 +541,16 @@ def tokenize_stage(
         tmp_freq = stack.enter_context(atomic_path(out_freq))
         tmp_data = stack.enter_context(atomic_path(out_data))
         with open(tmp_data, "w", encoding="utf-8") as f:
-            batch: list[dict] = []
-            for recno, record in enumerate(iter_jsonl(responses_path), start=1):
-                tally.samples_in += 1
-                messages = prepare_messages(record, responses_path, recno)
-                if messages is None:
-                    tally.skip("regeneration_failed", record.get("id"))
-                    continue
-                rows = training_rows(record["id"], messages, served_token_ids(record), multi_turn)
-                tally.rows_in += len(rows)
-                batch.extend(rows)
-                if len(batch) >= _CHUNK_ROWS:
-                    write(batch, f)
-            write(batch, f)
-        torch.save(torch.from_numpy(tally.counts), tmp_freq)
+            chunks = _chunks(responses_path, multi_turn)
+            for chunk, results in _encoded(
+                chunks, chat, responses_path, target_dir, trust_remote_code, processes
+            ):
+                tally.samples_in += chunk.records
+                for rid in chunk.failed:
+                    tally.skip("regeneration_failed", rid)
+                tally.rows_in += len(chunk.rows)
+                write(chunk.rows, results, f)
+        save_tensor(torch.from_numpy(tally.counts), tmp_freq)
         metadata = tally.metadata(
             multi_turn=multi_turn,
             chat_template_hash=chat_template_hash(tokenizer),
@@ -565,6 +565,70 @@ def tokenize_stage(
         tmp_meta.write_text(json.dumps(metadata, indent=2) + "\n")
     _log_summary(metadata)
     return metadata
+
+
+@dataclass
+class _Chunk:
+    """About _CHUNK_ROWS training rows, and the records they came from: how many were read and
+    the ids of those whose regeneration failed (they yield no row)."""
+
+    rows: list[dict]
+    records: int
+    failed: list
+
+
+def _chunks(responses_path, multi_turn: str):
+    """The responses as training rows, chunk by chunk, read lazily."""
+    chunk = _Chunk([], 0, [])
+    for recno, record in enumerate(iter_jsonl(responses_path), start=1):
+        chunk.records += 1
+        messages = prepare_messages(record, responses_path, recno)
+        if messages is None:
+            chunk.failed.append(record.get("id"))
+            continue
+        chunk.rows.extend(training_rows(record["id"], messages, served_token_ids(record), multi_turn))
+        if len(chunk.rows) >= _CHUNK_ROWS:
+            yield chunk
+            chunk = _Chunk([], 0, [])
+    yield chunk
+
+
+_WORKER_CHAT: ChatTurns | None = None
+
+
+def _start_worker(target_dir, trust_remote_code: bool) -> None:
+    global _WORKER_CHAT
+    _WORKER_CHAT = ChatTurns(load_tokenizer(target_dir, trust_remote_code))
+
+
+def _encode_in_worker(rows: list[dict], responses_path) -> list[dict]:
+    return encode_rows(_WORKER_CHAT, rows, responses_path)
+
+
+def _encoded(chunks, chat: ChatTurns, responses_path, target_dir, trust_remote_code: bool, processes: int):
+    """(chunk, its encoded rows) in input order: here, or in `processes` spawned workers with a
+    bounded window of chunks in flight (memory stays a few chunks, whatever the file size)."""
+    if processes <= 1:
+        for chunk in chunks:
+            yield chunk, encode_rows(chat, chunk.rows, responses_path)
+        return
+    import collections
+    import multiprocessing
+
+    # spawn: a fork would copy this process's tokenizer threads and torch state.
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(
+        processes, initializer=_start_worker, initargs=(str(target_dir), trust_remote_code)
+    ) as pool:
+        in_flight: collections.deque = collections.deque()
+        for chunk in chunks:
+            in_flight.append((chunk, pool.apply_async(_encode_in_worker, (chunk.rows, responses_path))))
+            if len(in_flight) >= 2 * processes:
+                done, result = in_flight.popleft()
+                yield done, result.get()
+        while in_flight:
+            done, result = in_flight.popleft()
+            yield done, result.get()
 
 
 def _log_summary(meta: dict) -> None:

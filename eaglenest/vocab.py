@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path
+from eaglenest.io import atomic_path, save_tensor
 from eaglenest.target import read_shape
 
 logger = logging.getLogger(__name__)
@@ -411,8 +411,8 @@ def build_vocab_mapping(
     t2d, d2t = mapping.t2d, mapping.d2t
     coverage_text = json.dumps(mapping.coverage, indent=2) + "\n"
     writers: list[tuple[Path, Callable[[Path], None]]] = [
-        (paths.t2d_pt, lambda tmp: torch.save(t2d, tmp)),
-        (paths.d2t_pt, lambda tmp: torch.save(d2t, tmp)),
+        (paths.t2d_pt, lambda tmp: save_tensor(t2d, tmp)),
+        (paths.d2t_pt, lambda tmp: save_tensor(d2t, tmp)),
         (paths.t2d_npy, _save_npy(t2d.numpy())),
         (paths.d2t_npy, _save_npy(d2t.numpy())),
         (paths.coverage_json, lambda tmp: tmp.write_text(coverage_text)),

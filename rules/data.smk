@@ -120,6 +120,8 @@ rule tokenize:
         f"{RUN}/logs/tokenize.log",
     benchmark:
         f"{RUN}/benchmarks/tokenize.tsv"
+    # Worker processes: the outputs are the same bytes whatever the count, so it is no param.
+    threads: config["tokenize"]["processes"]
     params:
         run_dir=RUN,
         max_seq_len=config["tokenize"]["max_seq_len"],

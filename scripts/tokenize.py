@@ -22,4 +22,5 @@ run_logged(
     target_revision=target.commit,
     trust_remote_code=target.trust_remote_code,
     multi_turn=str(p.multi_turn),
+    processes=sm.threads,
 )

@@ -243,3 +243,34 @@ def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run)
     metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
     assert metrics["hidden_states_mode"] == "hybrid" and metrics["hidden_states_kept"] == n
     assert not list((run_dir / ".eaglenest" / "hidden_states_spool").rglob("*.safetensors"))
+
+
+@pytest.mark.engine
+def test_the_seed_miniature_trains_online_in_fp8_and_stores_nothing(kimi_mini_run, tmp_path):
+    """The Kimi-K2.5 miniature (MLA, MoE, nested multimodal config, remote-code tokenizer),
+    switched to online fp8 in a copy of its finished run: only training reruns, the engine's
+    fp8 connector and the trainer's fp8 reader meet over the wire, and nothing is stored."""
+    import shutil
+
+    import yaml
+
+    work = tmp_path / "kimi"
+    shutil.copytree(kimi_mini_run["workdir"], work, symlinks=True)  # copy2 keeps the mtimes
+    cfg = yaml.safe_load(kimi_mini_run["configfile"].read_text())
+    cfg["hidden_states"].update(mode="online", dtype=FP8)
+    configfile = write_config(work, cfg, "online-fp8.yaml")
+    env = {**kimi_mini_run["env"], "HF_HOME": str(work / "hf-home")}
+    run_dir, target = work / cfg["run_dir"], f"{cfg['run_dir']}/train/train_metrics.json"
+    for shard in run_dir.glob("hidden_states/shard_*"):
+        shutil.rmtree(shard)  # the offline run's shards: online needs none
+    planned = planned_jobs(snakemake(work, configfile, "-n", target, env=env))
+    assert set(planned) == {"plan_hidden_states", "train_draft"}, planned
+
+    before = extraction_requests(run_dir)
+    snakemake(work, configfile, "--cores", "2", target, env=env)
+    assert extraction_requests(run_dir) - before == cfg["train"]["epochs"] * len(rows(run_dir))
+    assert hidden_state_files(run_dir) == []
+    metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
+    assert metrics["hidden_states_mode"] == "online"
+    assert metrics["final_epoch"] == cfg["train"]["epochs"] - 1
+    assert "--hidden-states-backend fp8" in (run_dir / "logs" / "train_draft.log").read_text()

@@ -598,3 +598,25 @@ def test_leading_assistant_turn_without_a_header_to_find_is_skipped_by_name(tmp_
         meta, data, _ = run(tmp_path, target, rows)
     assert data == [] and meta["skipped"]["opens_with_assistant"] == 1
     assert "'greeting' (opens_with_assistant)" in caplog.text
+
+
+def test_worker_processes_write_the_same_bytes_as_one(tmp_path, kimi_target, monkeypatch):
+    """tokenize.processes: chunks go to spawned workers (each loads the remote-code tokenizer)
+    and come back in order; every output is the same bytes as the single-process run's."""
+    import eaglenest.tokenize as tokenize_mod
+
+    monkeypatch.setattr(tokenize_mod, "_CHUNK_ROWS", 3)  # many chunks, several in flight
+    rows = []
+    for i in range(40):
+        if i % 9 == 4:
+            rows.append({"id": f"f{i}", "error": "HTTP 500"})
+            continue
+        answer = f"{CORPUS[i % len(CORPUS)]} {i}"
+        rows.append(conv(answer, reasoning="step by step" if i % 2 else None, rid=f"r{i}"))
+    outputs = {}
+    for procs in (1, 2):
+        (tmp_path / f"p{procs}").mkdir()
+        meta, _, out = run(tmp_path / f"p{procs}", kimi_target, rows, trust_remote_code=True, processes=procs)
+        outputs[procs] = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert outputs[1] == outputs[2]
+    assert meta["samples_out"] == 36 and meta["skipped"]["regeneration_failed"] == 4
