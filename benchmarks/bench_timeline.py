@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglenest.job_events import JobRecord, event_files, read_events
+from eaglenest.job_events import JobRecord, event_files, read_events, union_length
 from eaglenest.summary import read_benchmark
 
 TOLERANCE_S = 0.5  # a GPU job starting this soon after its inputs is not "delayed"
@@ -111,20 +111,6 @@ def from_this_execution(job: JobRecord, bench: dict | None) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # Analysis
-
-
-def union_length(intervals) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def idle_gaps(inv: Invocation) -> list[tuple[float, float]]:

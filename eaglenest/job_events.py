@@ -34,6 +34,9 @@ from snakemake_interface_logger_plugins.settings import LogHandlerSettingsBase
 
 GPU_RESOURCES = ("gpu", "gpus", "nvidia_gpu")
 EVENTS_SUFFIX = ".jobs.jsonl"
+#: Set in Snakemake's process once the events file is open, so local jobs (run_summary) can
+#: read their own invocation's events; absent where jobs run elsewhere (a cluster).
+EVENTS_ENV = "EAGLENEST_JOB_EVENTS"
 # Snakemake annotates some file names for display: "out.txt (temp)", "x (retrieve from storage)".
 _ANNOTATION = re.compile(r" \([^()]*\)$")
 
@@ -81,6 +84,7 @@ class JobEventsHandler(LogHandlerBase):
                 return None
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", buffering=1)  # noqa: SIM115 (lives as long as the handler)
+            os.environ[EVENTS_ENV] = str(path.resolve())
             self._write({"event": "invocation", "time": self._opened_at, "pid": os.getpid(),
                          "dry_run": bool(self.common_settings.dryrun)})  # fmt: skip
             if not self.common_settings.dryrun:
@@ -257,18 +261,48 @@ def _apply_state(jobs: dict[int, JobRecord], kind: str, row: dict, t: float) -> 
         jobs[row["jobid"]].end, jobs[row["jobid"]].status = t, "failed"
 
 
+def union_length(intervals) -> float:
+    """Seconds covered by at least one of the (start, end) intervals."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def gpu_busy_seconds(inv: Invocation, until: float) -> float:
+    """Seconds of the invocation, up to `until`, with a GPU job running (one still running
+    counts up to `until`)."""
+    return union_length(
+        [
+            (max(j.start, inv.start), min(j.end or until, until))
+            for j in inv.jobs
+            if j.gpu and j.start is not None
+        ]
+    )
+
+
 def event_files(workdir) -> list[Path]:
     """The events files of a working directory's runs, oldest first (named by start time)."""
     return sorted((Path(workdir) / ".snakemake" / "log").glob(f"*{EVENTS_SUFFIX}"))
 
 
 __all__ = [
+    "EVENTS_ENV",
     "GPU_RESOURCES",
     "Invocation",
     "JobEventsHandler",
     "JobEventsSettings",
     "JobRecord",
     "event_files",
+    "gpu_busy_seconds",
     "read_events",
     "requests_gpu",
+    "union_length",
 ]

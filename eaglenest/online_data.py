@@ -7,9 +7,11 @@ subclass of that dataset, which the trainer process installs (`use_served_datase
 
 - the run's server requires its own key (eaglenest.server) and serves the target under its own
   name; speculators always sends "EMPTY" and expects the verifier's path as the name;
-- hybrid mode keeps each generated sample: once valid, the server's file is hard-linked (no
-  copy, atomically renamed) to `hs_{row}.safetensors` in the folder the trainer reads cached
-  samples from, so later epochs, and a resumed run, read it back instead of extracting again.
+- hybrid mode keeps each generated sample in the stored dtype (`hidden_states.dtype`), as
+  `hs_{row}.safetensors` in the folder the trainer reads cached samples from, so later epochs,
+  and a resumed run, read it back instead of extracting again. A file the engine wrote in that
+  dtype is hard-linked (no copy); another is converted once. Either is written beside its
+  final name and renamed there only once speculators has validated the sample.
 
 Both settings travel in the environment, which torchrun's ranks and spawned data-loader workers
 inherit; the subclass reaches the workers by reference to this module.
@@ -29,12 +31,12 @@ PENDING_SUFFIX = ".pending"
 
 
 class KeepGenerated:
-    """speculators' file transfer, keeping each valid generated sample as the cached file of
-    its row. The dataset names the row (`file_idx`) before loading and calls `keep()` once the
-    sample passed speculators' checks, or `discard()` when it did not."""
+    """speculators' file transfer, keeping each valid generated sample, in `dtype`, as the
+    cached file of its row. The dataset names the row (`file_idx`) before loading and calls
+    `keep()` once the sample passed speculators' checks, or `discard()` when it did not."""
 
-    def __init__(self, inner):
-        self.inner = inner
+    def __init__(self, inner, dtype: str):
+        self.inner, self.dtype = inner, dtype
         self.file_idx: int | None = None
         self.pending: Path | None = None
 
@@ -51,9 +53,18 @@ class KeepGenerated:
     def get_generated(self, params: dict):
         sample = self.inner.get_generated(params)  # waits for the engine's write lock
         if sample is not None and self.file_idx is not None:
+            from safetensors.torch import save_file
+
+            from eaglenest.hidden_states import DTYPES, FP8, stored_tensors
+
             self.discard()
             self.pending = self.hidden_states_path / f"hs_{self.file_idx}.safetensors{PENDING_SUFFIX}"
-            os.link(params.get("hidden_states_path") or params["handle"], self.pending)
+            # fp8: the engine's connector wrote it quantized (the sample here is dequantized).
+            if self.dtype == FP8 or sample["hidden_states"].dtype == DTYPES[self.dtype]:
+                os.link(params.get("hidden_states_path") or params["handle"], self.pending)
+            else:
+                hidden, ids = sample["hidden_states"], sample["token_ids"]
+                save_file(stored_tensors(hidden, ids, self.dtype), str(self.pending))
         return sample
 
     def delete(self, handle: str) -> None:
@@ -75,8 +86,8 @@ class ServedDataset(ArrowDataset):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if os.environ.get(KEEP_ENV) == "1":
-            self.transfer = KeepGenerated(self.transfer)
+        if os.environ.get(KEEP_ENV):  # the stored dtype
+            self.transfer = KeepGenerated(self.transfer, os.environ[KEEP_ENV])
 
     def _setup_client(self) -> None:
         key = os.environ.get(KEY_ENV)
@@ -107,9 +118,13 @@ class ServedDataset(ArrowDataset):
 
 def use_served_dataset() -> None:
     """Make speculators' data loaders build `ServedDataset` (in the trainer process)."""
+    import logging
+
     import speculators.train.dataloader as dataloader
 
     dataloader.ArrowDataset = ServedDataset
+    # The OpenAI client logs every request at INFO: a line per sample per epoch in the log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def remove_pending(folder) -> None:

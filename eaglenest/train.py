@@ -552,7 +552,7 @@ def train_with_server(
             spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
         ) as server:
             log.info("extracting hidden states on demand from the server on port %d", server.port)
-            env = {KEY_ENV: server.api_key, KEEP_ENV: "1" if kept is not None else "0"}
+            env = {KEY_ENV: server.api_key, KEEP_ENV: hs_dtype if kept is not None else ""}
             if trainer_devices:
                 env["CUDA_VISIBLE_DEVICES"] = trainer_devices
             args = trainer_args(**train_args, vllm_endpoint=server.api_url)

@@ -40,6 +40,7 @@ rule run_summary:
         coverage=rules.build_vocab_mapping.output.coverage,
         plan=rules.plan_hidden_states.output.plan,
         metadata=rules.tokenize.output.metadata,
+        responses=rules.regenerate_responses.output.responses,
         target=rules.resolve_target.output.record,
         # What Snakemake's `benchmark:` recorded for each job of the run (time, memory).
         benchmarks=[
@@ -64,6 +65,6 @@ rule run_summary:
         f"{RUN}/benchmarks/run_summary.tsv"
     params:
         lr=config["train"]["lr"],
-        code=code_hash("summary", "target"),
+        code=code_hash("summary", "job_events", "target"),
     script:
         "../scripts/run_summary.py"

@@ -16,6 +16,7 @@ run_logged(
     plan_path=sm.input.plan,
     metadata_path=sm.input.metadata,
     benchmark_files=sm.input.benchmarks,
+    responses_path=sm.input.responses,
     out_summary=sm.output.summary,
     out_stage_times=sm.output.stage_times,
 )

@@ -126,6 +126,41 @@ def test_fp8_files_are_what_the_trainers_fp8_reader_reads(tmp_path):
     validate_sample(load_file(str(tmp_path / "hs_7.safetensors")), ids.tolist(), 64, "hs_7")
 
 
+@pytest.mark.parametrize("engine_dtype", [torch.float32, torch.bfloat16])
+def test_hybrid_keeps_each_sample_in_the_stored_dtype_once_validated(tmp_path, engine_dtype):
+    """The engine's file (in the server's dtype) is kept as the row's cached file in the
+    configured dtype: linked when it already is, converted once when not; nothing appears
+    under the final name before `keep()`, and a discarded sample leaves nothing."""
+    from hs_connectors.transfer import FileTransfer
+    from safetensors.torch import load_file, save_file
+
+    from eaglenest.online_data import KeepGenerated
+
+    spool, kept = tmp_path / "spool", tmp_path / "kept"
+    spool.mkdir(), kept.mkdir()
+    hidden = torch.randn(9, 4, 16)
+    engine_file = spool / "req-1.safetensors"
+    save_file({"hidden_states": hidden.to(engine_dtype), "token_ids": torch.arange(9)}, str(engine_file))
+    transfer = KeepGenerated(FileTransfer(kept), "bfloat16")
+    transfer.file_idx = 5
+    sample = transfer.get_generated({"hidden_states_path": str(engine_file)})
+    assert sample["hidden_states"].dtype == engine_dtype  # the trainer gets what the engine wrote
+    assert not (kept / "hs_5.safetensors").exists()
+    transfer.keep()
+    transfer.delete(str(engine_file))  # what speculators does once the sample is valid
+    stored = load_file(str(kept / "hs_5.safetensors"))
+    assert stored["hidden_states"].dtype == torch.bfloat16
+    assert torch.equal(stored["hidden_states"], hidden.to(torch.bfloat16))
+    assert transfer.get_cached(5)["token_ids"].tolist() == list(range(9))
+    assert sorted(p.name for p in kept.iterdir()) == ["hs_5.safetensors"]
+    # A sample speculators rejected is not kept.
+    save_file({"hidden_states": hidden.to(engine_dtype), "token_ids": torch.arange(9)}, str(engine_file))
+    transfer.file_idx = 6
+    transfer.get_generated({"hidden_states_path": str(engine_file)})
+    transfer.discard()
+    assert sorted(p.name for p in kept.iterdir()) == ["hs_5.safetensors"]
+
+
 # --- the real workflow -----------------------------------------------------------------------
 
 

@@ -254,6 +254,33 @@ def test_stage_times_come_from_each_jobs_benchmark_and_match_its_job_events(defa
     assert (table.loc[sorted(GPU_RULES), "peak_rss_mb"] > 200).all()
 
 
+def test_the_report_states_each_gpu_stages_tokens_per_s_and_the_gpu_busy_share(default_run):
+    import pandas as pd
+
+    from eaglenest.job_events import gpu_busy_seconds, read_events
+
+    run = default_run["run_dir"]
+    table = pd.read_csv(run / "stage_times.csv").set_index("stage")
+    plan = json.loads((run / "hidden_states" / "plan.json").read_text())
+    responses = [
+        json.loads(line) for line in (run / "responses" / "raw_responses.jsonl").read_text().splitlines()
+    ]
+    assert table.loc["extract_hidden_states", "tokens"] == plan["tokens"]
+    assert table.loc["regenerate_responses", "tokens"] == sum(
+        len(r["completion_token_ids"]) for r in responses
+    )
+    for stage in GPU_RULES:
+        row = table.loc[stage]
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"], rel=0.01), stage
+    assert table.loc[["tokenize", "export_draft"], "tokens"].isna().all()
+    summary = pd.read_csv(run / "run_summary.csv").set_index("parameter")["value"]
+    share = float(summary["GPU-busy share of this invocation"].rstrip("%")) / 100
+    # run_summary read its own invocation's events, up to its start: the share of the whole
+    # run differs only by the last seconds.
+    inv = read_events(default_run["events"])
+    assert share == pytest.approx(gpu_busy_seconds(inv, inv.end) / (inv.end - inv.start), abs=0.05)
+
+
 def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run, tmp_path):
     from eaglenest.hidden_states import extract_shard_transformers
 

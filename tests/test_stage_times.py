@@ -34,9 +34,13 @@ def test_stage_times_sum_each_stages_benchmark_files(tmp_path):
     files = sorted(str(p) for p in (tmp_path / "bench").rglob("*.tsv"))
     assert len(files) == 3
     out = tmp_path / "stage_times.csv"
-    summarize_stage_times(benchmark_files=files, out_csv=out)
+    summarize_stage_times(benchmark_files=files, out_csv=out, tokens={"extract": (5000, "prefill tokens")})
     table = pd.read_csv(out).set_index("stage")
-    assert list(table.columns) == ["jobs", "wall_s", "longest_job_s", "cpu_s", "peak_rss_mb"]
+    assert list(table.columns) == [
+        "jobs", "wall_s", "longest_job_s", "cpu_s", "peak_rss_mb", "tokens", "tokens_are", "tokens_per_s",
+    ]  # fmt: skip
+    assert table.loc["extract", "tokens_per_s"] == round(5000 / table.loc["extract", "wall_s"], 1)
+    assert pd.isna(table.loc["merge", "tokens"])
     assert table.loc["extract", "jobs"] == 2 and table.loc["merge", "jobs"] == 1
     shards = [read_benchmark(f)["s"] for f in files if "extract" in f]
     assert min(shards) >= 1.0  # each shard slept a second
