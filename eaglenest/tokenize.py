@@ -492,8 +492,8 @@ def tokenize_stage(
     `target_dir` is the target model folder (tokenizer files, chat template and config.json);
     its tokenizer is loaded as it ships (remote code with `trust_remote_code`). `multi_turn` is
     the policy for conversations with several assistant turns (see the module docstring).
-    `processes` > 1 renders and tokenizes chunks of rows in that many worker processes; this
-    process keeps the order and does all the counting and writing, so the outputs are the
+    `processes` > 1 renders and tokenizes chunks of rows in that many forked worker processes;
+    this process keeps the order and does all the counting and writing, so the outputs are the
     same bytes whatever the count. Outputs appear only if the whole run succeeds. Returns the
     metadata dict.
     """
@@ -542,9 +542,7 @@ def tokenize_stage(
         tmp_data = stack.enter_context(atomic_path(out_data))
         with open(tmp_data, "w", encoding="utf-8") as f:
             chunks = _chunks(responses_path, multi_turn)
-            for chunk, results in _encoded(
-                chunks, chat, responses_path, target_dir, trust_remote_code, processes
-            ):
+            for chunk, results in _encoded(chunks, chat, responses_path, processes):
                 tally.samples_in += chunk.records
                 for rid in chunk.failed:
                     tally.skip("regeneration_failed", rid)
@@ -593,20 +591,24 @@ def _chunks(responses_path, multi_turn: str):
     yield chunk
 
 
+# The workers' ChatTurns: this process's, inherited through fork.
 _WORKER_CHAT: ChatTurns | None = None
 
 
-def _start_worker(target_dir, trust_remote_code: bool) -> None:
-    global _WORKER_CHAT
-    _WORKER_CHAT = ChatTurns(load_tokenizer(target_dir, trust_remote_code))
+def _start_worker() -> None:
+    """A forked worker stops at SIGTERM as any process does: the job's handler (run_guard's
+    cleanup and log line) belongs to the job, not to its workers."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _encode_in_worker(rows: list[dict], responses_path) -> list[dict]:
     return encode_rows(_WORKER_CHAT, rows, responses_path)
 
 
-def _encoded(chunks, chat: ChatTurns, responses_path, target_dir, trust_remote_code: bool, processes: int):
-    """(chunk, its encoded rows) in input order: here, or in `processes` spawned workers with a
+def _encoded(chunks, chat: ChatTurns, responses_path, processes: int):
+    """(chunk, its encoded rows) in input order: here, or in `processes` forked workers with a
     bounded window of chunks in flight (memory stays a few chunks, whatever the file size)."""
     if processes <= 1:
         for chunk in chunks:
@@ -615,11 +617,13 @@ def _encoded(chunks, chat: ChatTurns, responses_path, target_dir, trust_remote_c
     import collections
     import multiprocessing
 
-    # spawn: a fork would copy this process's tokenizer threads and torch state.
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(
-        processes, initializer=_start_worker, initargs=(str(target_dir), trust_remote_code)
-    ) as pool:
+    global _WORKER_CHAT
+    # fork, not spawn: a spawned worker re-runs the caller's __main__, which in a Snakemake
+    # `script:` job is the script itself, without the `snakemake` object it needs. This process
+    # has encoded nothing yet, so the tokenizer's thread pool has not started.
+    _WORKER_CHAT = chat
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(processes, initializer=_start_worker) as pool:
         in_flight: collections.deque = collections.deque()
         for chunk in chunks:
             in_flight.append((chunk, pool.apply_async(_encode_in_worker, (chunk.rows, responses_path))))
@@ -629,6 +633,8 @@ def _encoded(chunks, chat: ChatTurns, responses_path, target_dir, trust_remote_c
         while in_flight:
             done, result = in_flight.popleft()
             yield done, result.get()
+        pool.close()  # the workers end by themselves; leaving the block would SIGTERM them
+        pool.join()
 
 
 def _log_summary(meta: dict) -> None:

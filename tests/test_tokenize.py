@@ -487,6 +487,7 @@ def test_snakemake_adapter(tmp_path, make_target):
             data=str(out / "d.jsonl"), freq=str(out / "f.pt"), metadata=str(out / "m.json")
         ),
         log=[str(tmp_path / "log.txt")],
+        threads=2,  # the rule's threads: tokenize's worker processes
     )
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
