@@ -389,10 +389,10 @@ def plan_stage(
     out_dir,
     num_shards: int,
     dtype: str,
-    mode: str,
-    data_loaders: int,
     disk_margin_gb: float,
     plan_path,
+    mode: str = "offline",
+    data_loaders: int = 1,
 ) -> dict:
     """The `plan_hidden_states` rule: fix the layers to extract, state the bytes each mode will
     keep on disk at its peak, and refuse if the chosen mode's peak and the margin do not fit."""

@@ -382,9 +382,7 @@ def train_stage(
     *,
     run_dir,
     target,
-    target_record,
     shard_dirs,
-    plan_path,
     tokenized_path,
     t2d_npy,
     d2t_npy,
@@ -396,6 +394,8 @@ def train_stage(
     hs_dtype: str = "bfloat16",
     server_cfg: dict | None = None,
     server_gpus: int | None = None,
+    plan_path=None,
+    target_record=None,
     out_checkpoint,
     out_metrics,
     out_curves,
@@ -403,7 +403,9 @@ def train_stage(
 ) -> dict:
     """The `train_draft` rule: assemble the trainer's inputs, train (resuming), keep the result.
     `target` is the resolved target (eaglenest.target.Target). Offline, the trainer reads the
-    shards; online and hybrid (`hs_mode`), it extracts from the run's server as it trains."""
+    shards; online and hybrid (`hs_mode`), it extracts from the run's server as it trains,
+    which needs the hidden-state plan (`plan_path`), the target's record (`target_record`) and
+    the server's params (`server_cfg`)."""
     from eaglenest.contracts import check_training_inputs
     from eaglenest.hidden_states import FP8, link_training_data
     from eaglenest.io import atomic_path, read_json, write_json
