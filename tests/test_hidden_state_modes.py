@@ -176,13 +176,13 @@ def extraction_requests(run_dir: Path) -> int:
 
 
 def hidden_state_files(run_dir: Path) -> list[Path]:
-    """Every hidden-state file under the run folder: shards, the spool, kept samples."""
+    """Every hidden-state file under the run folder that takes disk: shard and kept samples
+    (`hs_<row>`), and whatever is in the engine's spool; not the links an offline training
+    folder holds into its shards, nor model weights."""
     return [
         p
         for p in run_dir.rglob("*.safetensors*")
-        if "checkpoint" not in p.parts
-        and p.parent.name not in ("checkpoint", "draft")
-        and not p.parent.name.isdigit()  # speculators' epoch checkpoints
+        if not p.is_symlink() and (p.name.startswith("hs_") or "hidden_states_spool" in p.parts)
     ]
 
 
