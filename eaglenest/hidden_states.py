@@ -26,7 +26,7 @@ from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor, quantize_
 from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, disk_full, free_bytes, human_bytes, iter_jsonl, room_for
-from eaglenest.run_estimate import DTYPE_BYTES, hidden_state_bytes, peak_disk_by_mode
+from eaglenest.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
 from eaglenest.shard_check import file_record
 
@@ -37,9 +37,8 @@ DTYPES = {
     "float16": torch.float16,
     "float32": torch.float32,
     # hs_connectors' fp8 format: the values over one float32 scale per token (fp8_utils).
-    "float8_e4m3fn": torch.float8_e4m3fn,
+    FP8: torch.float8_e4m3fn,
 }
-FP8 = "float8_e4m3fn"
 
 
 def shard_bounds(num_rows: int, num_shards: int, k: int) -> tuple[int, int]:
@@ -89,8 +88,8 @@ def vllm_extraction_spec(
 
 def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: str) -> None:
     hs, tok = data.get("hidden_states"), data.get("token_ids")
-    if hs is not None and SCALES_KEY in data:
-        hs = dequantize_fp8_tensor(hs, data[SCALES_KEY], dtype=torch.float32)
+    if hs is not None:
+        hs = values_of(data)
     if hs is None or tok is None:
         raise EaglenestError("hidden-state file lacks hidden_states or token_ids", where)
     if tok.tolist() != input_ids:
@@ -101,6 +100,13 @@ def validate_sample(data: dict, input_ids: list[int], hidden_size: int, where: s
         )
     if not torch.isfinite(hs).all():  # in the stored dtype: no float32 copy of the sample
         raise EaglenestError("hidden_states contain NaN or Inf", where)
+
+
+def values_of(data: dict) -> torch.Tensor:
+    """A sample's hidden states as values: fp8 ones dequantized (to float32), others as stored."""
+    if SCALES_KEY in data:
+        return dequantize_fp8_tensor(data["hidden_states"], data[SCALES_KEY], dtype=torch.float32)
+    return data["hidden_states"]
 
 
 def stored_tensors(hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
@@ -203,10 +209,7 @@ def extract_shard_vllm(
             cleanup_hidden_states(path, keep_hidden_states=True)  # the lock file only
             shutil.move(path, out)
         else:
-            hidden = data["hidden_states"]
-            if SCALES_KEY in data:
-                hidden = dequantize_fp8_tensor(hidden, data[SCALES_KEY], dtype=torch.float32)
-            _save(out, hidden, data["token_ids"], dtype)
+            _save(out, values_of(data), data["token_ids"], dtype)
             cleanup_hidden_states(path)
         return len(ids), out.name, file_record(out)
 

@@ -10,7 +10,8 @@ from eaglenest.errors import EaglenestError
 from eaglenest.io import free_bytes
 from eaglenest.target import cache_status, on_hub, read_shape
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+FP8 = "float8_e4m3fn"  # hs_connectors' fp8 storage: 8-bit values and a scale per token
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, FP8: 1}
 HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
 #: hs_connectors' fp8 format stores one float32 scale per token beside the 8-bit values.
 FP8_SCALE_BYTES = 4
@@ -21,7 +22,7 @@ def hidden_state_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
     """Bytes the shards take: every token stores HIDDEN_LAYERS_STORED x hidden_size values
     (and, in fp8, its scale)."""
     per_token = HIDDEN_LAYERS_STORED * hidden_size * DTYPE_BYTES[dtype]
-    if dtype == "float8_e4m3fn":
+    if dtype == FP8:
         per_token += FP8_SCALE_BYTES
     return num_tokens * per_token
 
