@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -39,6 +40,13 @@ def first_user_prompts(path: Path, limit: int) -> list[dict]:
         if len(prompts) == limit:
             break
     return prompts
+
+
+def client_cpu_seconds() -> float:
+    """CPU seconds this process (the client) has used: on a shared CPU the client competes with
+    the engine, so a heavier client lowers the server's throughput too."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_eaglenest(server, prompts_file: Path, target: str, sampling: dict, concurrency: int, scratch: Path):
@@ -99,7 +107,7 @@ def main() -> None:
     sampling = {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0}
     with tempfile.TemporaryDirectory(prefix="bench-regen-", dir="/tmp") as tmp:
         tmp = Path(tmp)
-        prompts = first_user_prompts(run_dir / "prompts" / "train.jsonl", args.prompts)
+        prompts = first_user_prompts(run_dir / "prompts" / "prompts.jsonl", args.prompts)
         prompts_file, dataset = tmp / "prompts.jsonl", tmp / "dataset.jsonl"
         prompts_file.write_text("".join(json.dumps(p) + "\n" for p in prompts))
         dataset.write_text(
@@ -118,19 +126,25 @@ def main() -> None:
             print(
                 f"{len(prompts)} prompts, max_tokens {max_tokens}, temperature 0, concurrency {concurrency}"
             )
-            for k in range(args.rounds):
-                tokens, secs = run_eaglenest(
+            senders = {
+                "eaglenest": lambda k: run_eaglenest(
                     server, prompts_file, target, sampling, concurrency, tmp / f"r{k}"
-                )
-                rates["eaglenest"].append(tokens / secs)
-                print(
-                    f"round {k + 1}: eaglenest        {tokens:>7} output tokens in {secs:7.2f} s: {tokens / secs:8.1f} tok/s"
-                )
-                tokens, secs = run_vllm_bench(server, dataset, target, len(prompts), max_tokens, concurrency)
-                rates["vllm bench serve"].append(tokens / secs)
-                print(
-                    f"round {k + 1}: vllm bench serve {tokens:>7} output tokens in {secs:7.2f} s: {tokens / secs:8.1f} tok/s"
-                )
+                ),
+                "vllm bench serve": lambda k: run_vllm_bench(
+                    server, dataset, target, len(prompts), max_tokens, concurrency
+                ),
+            }
+            for k in range(args.rounds):
+                # Alternate the senders so a drift in the machine's speed hits both alike.
+                for name, send in senders.items():
+                    cpu0 = client_cpu_seconds()
+                    tokens, secs = send(k)
+                    cpu = client_cpu_seconds() - cpu0
+                    rates[name].append(tokens / secs)
+                    print(
+                        f"round {k + 1}: {name:<16} {tokens:>7} output tokens in {secs:7.2f} s: "
+                        f"{tokens / secs:8.1f} tok/s; client CPU {cpu:6.2f} s"
+                    )
         finally:
             stop_pid(server.pid)
     ours, theirs = statistics.median(rates["eaglenest"]), statistics.median(rates["vllm bench serve"])

@@ -1,6 +1,9 @@
 """Regenerate responses with the target itself, so the draft learns what the target says.
 
-Each prompt goes to the target's vLLM server (OpenAI chat API) with bounded concurrency. Every
+Each prompt goes to the target's vLLM server (OpenAI chat API) with bounded concurrency, over
+aiohttp, the HTTP client of vLLM's own load generator: on the same server the OpenAI SDK's httpx
+transport kept only a third to a half of the requests in the engine at a time
+(benchmarks/bench_regeneration.py). Every
 finished response is appended at once to a progress file kept outside Snakemake's outputs
 (Snakemake deletes a job's outputs before rerunning it), keyed by the server, the target's files
 and the sampling spec: a rerun after a crash sends only the prompts not yet answered, and a
@@ -99,47 +102,63 @@ class Progress:
             log.info("[%-20s] %d/%d responses, %.2f/s, ETA %.0f s", bar, self.done, self.total, rate, eta)
 
 
-async def _answer(client, prompt: dict, sampling: dict, max_retries: int, watch: StallWatch) -> dict:
-    import openai
+class RequestFailed(Exception):
+    """The server answered a request with an HTTP error (its status and message)."""
 
+
+async def _chat(session, url: str, body: dict) -> dict:
+    async with session.post(url, json=body) as res:
+        if res.status >= 400:
+            raise RequestFailed(f"HTTP {res.status}: {(await res.text())[:500]}")
+        return await res.json()
+
+
+async def _answer(
+    session, url: str, prompt: dict, sampling: dict, max_retries: int, watch: StallWatch
+) -> dict:
+    import aiohttp
+
+    # Token ids too: tokenization trains on exactly what the target saw and emitted. And the
+    # text exactly as emitted: vLLM's default puts spaces around added tokens (Kimi's <think>)
+    # when decoding a slow tokenizer's output, text the model never wrote and that would
+    # re-tokenize differently.
+    body = {
+        "model": SERVED_NAME,
+        "messages": prompt["messages"],
+        "return_token_ids": True,
+        "spaces_between_special_tokens": False,
+        **sampling,
+    }
     delay = 1.0
     for attempt in range(max_retries + 1):
         try:
-            # Token ids too: tokenization trains on exactly what the target saw and emitted.
-            # And the text exactly as emitted: vLLM's default puts spaces around added tokens
-            # (Kimi's <think>) when decoding a slow tokenizer's output, text the model never
-            # wrote and that would re-tokenize differently.
-            res = await client.chat.completions.create(
-                model=SERVED_NAME,
-                messages=prompt["messages"],
-                extra_body={"return_token_ids": True, "spaces_between_special_tokens": False},
-                **sampling,
-            )
-            prompt_ids = getattr(res, "prompt_token_ids", None)
+            res = await _chat(session, url, body)
+            prompt_ids = res.get("prompt_token_ids")
             responses = []
-            for choice in res.choices:
-                extra = choice.message.model_extra or {}
-                reasoning = extra.get("reasoning_content") or extra.get("reasoning")
-                reply = {"role": "assistant", "content": choice.message.content or ""}
+            for choice in res["choices"]:
+                message = choice["message"]
+                reasoning = message.get("reasoning_content") or message.get("reasoning")
+                reply = {"role": "assistant", "content": message.get("content") or ""}
                 if reasoning:
                     reply["reasoning_content"] = reasoning
                 responses.append(
                     {
                         "messages": [*prompt["messages"], reply],
-                        "finish_reason": choice.finish_reason,
+                        "finish_reason": choice.get("finish_reason"),
                         "prompt_token_ids": prompt_ids,
-                        "completion_token_ids": getattr(choice, "token_ids", None),
+                        "completion_token_ids": choice.get("token_ids"),
                     }
                 )
             watch.answered()
             return {"id": prompt["id"], "responses": responses}
-        except (openai.APIError, openai.APIConnectionError, asyncio.TimeoutError) as e:
+        except (aiohttp.ClientError, asyncio.TimeoutError, RequestFailed) as e:
             watch.check(e)  # a dead or hung server is not worth retrying
             if attempt == max_retries:
                 return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
             log.warning(
-                "prompt %s: attempt %d failed (%s); retrying in %.0f s", prompt["id"], attempt + 1, e, delay
-            )
+                "prompt %s: attempt %d failed (%s: %s); retrying in %.0f s",
+                prompt["id"], attempt + 1, type(e).__name__, e, delay,
+            )  # fmt: skip
             await asyncio.sleep(delay * (1 + random.random() * 0.1))
             delay = min(delay * 2, 60)
     raise AssertionError("unreachable")
@@ -155,26 +174,36 @@ async def _regenerate(
     progress_file: Path,
     stall_timeout_s: float,
 ) -> None:
-    import openai
+    import aiohttp
 
-    client = openai.AsyncOpenAI(
-        base_url=server.api_url, api_key=server.client_key, max_retries=0, timeout=timeout_s
-    )
     sem = asyncio.Semaphore(concurrency)
     bar = Progress(len(todo))
     watch = StallWatch(server, stall_timeout_s)
+    url = f"{server.api_url}/chat/completions"
+    session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        headers={"Authorization": f"Bearer {server.client_key}"},
+        connector=aiohttp.TCPConnector(limit=concurrency),
+    )
 
     async def one(prompt):
         async with sem:
-            return await _answer(client, prompt, sampling, max_retries, watch)
+            return await _answer(session, url, prompt, sampling, max_retries, watch)
 
-    with open(progress_file, "a") as out:
-        for fut in asyncio.as_completed([one(p) for p in todo]):
-            row = await fut
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-            out.flush()
-            bar.step()
-    await client.close()
+    async with session:
+        tasks = [asyncio.ensure_future(one(p)) for p in todo]
+        try:
+            with open(progress_file, "a") as out:
+                for fut in asyncio.as_completed(tasks):
+                    row = await fut
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    out.flush()
+                    bar.step()
+        finally:
+            # A failed stage (hung server, full disk) stops the requests still in flight.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def response_rows(record: dict) -> list[dict]:
