@@ -597,10 +597,15 @@ _WORKER_CHAT: ChatTurns | None = None
 
 def _start_worker() -> None:
     """A forked worker stops at SIGTERM as any process does: the job's handler (run_guard's
-    cleanup and log line) belongs to the job, not to its workers."""
+    cleanup and log line) belongs to the job, not to its workers. And it encodes on its own
+    thread: a fast tokenizer's thread pool, when the parent had started it, did not survive the
+    fork, and a worker that handed it a batch would wait forever (tokenizers guards against
+    that itself unless TOKENIZERS_PARALLELISM is set to true, as users often do)."""
+    import os
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each batch
 
 
 def _encode_in_worker(rows: list[dict], responses_path) -> list[dict]:
@@ -619,8 +624,7 @@ def _encoded(chunks, chat: ChatTurns, responses_path, processes: int):
 
     global _WORKER_CHAT
     # fork, not spawn: a spawned worker re-runs the caller's __main__, which in a Snakemake
-    # `script:` job is the script itself, without the `snakemake` object it needs. This process
-    # has encoded nothing yet, so the tokenizer's thread pool has not started.
+    # `script:` job is the script itself, without the `snakemake` object it needs.
     _WORKER_CHAT = chat
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(processes, initializer=_start_worker) as pool:

@@ -601,11 +601,20 @@ def test_leading_assistant_turn_without_a_header_to_find_is_skipped_by_name(tmp_
     assert "'greeting' (opens_with_assistant)" in caplog.text
 
 
-def test_worker_processes_write_the_same_bytes_as_one(tmp_path, kimi_target, monkeypatch):
-    """tokenize.processes: chunks go to spawned workers (each loads the remote-code tokenizer)
-    and come back in order; every output is the same bytes as the single-process run's."""
+@pytest.mark.parametrize("tokenizer", ["kimi remote code", "fast (Rust, thread pool)"])
+def test_worker_processes_write_the_same_bytes_as_one(
+    tmp_path, kimi_target, make_target, monkeypatch, tokenizer
+):
+    """tokenize.processes: chunks go to forked workers and come back in order; every output is
+    the same bytes as the single-process run's. The single-process run goes first in the same
+    process, so a fast tokenizer's thread pool is running when the workers fork (a worker that
+    used the inherited pool would wait forever)."""
     import eaglenest.tokenize as tokenize_mod
 
+    fast = tokenizer.startswith("fast")
+    target = make_target(CHATML) if fast else kimi_target
+    # As users often set it: the thread pool on, and tokenizers' own fork guard off with it.
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
     monkeypatch.setattr(tokenize_mod, "_CHUNK_ROWS", 3)  # many chunks, several in flight
     rows = []
     for i in range(40):
@@ -617,7 +626,7 @@ def test_worker_processes_write_the_same_bytes_as_one(tmp_path, kimi_target, mon
     outputs = {}
     for procs in (1, 2):
         (tmp_path / f"p{procs}").mkdir()
-        meta, _, out = run(tmp_path / f"p{procs}", kimi_target, rows, trust_remote_code=True, processes=procs)
+        meta, _, out = run(tmp_path / f"p{procs}", target, rows, trust_remote_code=not fast, processes=procs)
         outputs[procs] = {f.name: f.read_bytes() for f in out.iterdir()}
     assert outputs[1] == outputs[2]
     assert meta["samples_out"] == 36 and meta["skipped"]["regeneration_failed"] == 4
