@@ -15,7 +15,9 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,7 +30,7 @@ from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, disk_full, free_bytes, human_bytes, iter_jsonl, room_for
 from eaglenest.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
-from eaglenest.shard_check import file_record
+from eaglenest.shard_check import bytes_record, file_record
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +172,15 @@ def extract_shard_vllm(
 ) -> dict:
     """Write shard `shard` of `num_shards` (of `num_rows` rows) through a running extraction
     server. The engine's file already has the trainer's format: where it is in the stored
-    dtype it is moved into the shard (a rename), else converted once."""
+    dtype it is moved into the shard (a rename), else converted once.
+
+    `concurrency` bounds the requests in the engine, not the file work: a row's file is read,
+    checked and stored after its request slot is freed, so the engine gets its next row while
+    the client writes. Each file is read once (its checksum taken from the bytes in hand)."""
     import openai
+    from safetensors.torch import load as load_bytes
+    from safetensors.torch import save as save_bytes
     from speculators.data_generation.vllm_client import generate_hidden_states
-    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
-        cleanup_hidden_states,
-        load_hidden_states,
-    )
 
     start, stop = shard_bounds(num_rows, num_shards, shard)
     rows = read_rows(tokenized_path, start, stop)
@@ -186,15 +190,17 @@ def extract_shard_vllm(
         base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
     )
     watch = StallWatch(server, stall_timeout_s)
+    in_engine = threading.BoundedSemaphore(concurrency)
     t0 = time.monotonic()
 
     def one(item, tmp: Path):
         i, row = item
         ids = row["input_ids"]
         try:
-            _handle, params = generate_hidden_states(
-                client, SERVED_NAME, {"input_ids": ids}, timeout=stall_timeout_s
-            )
+            with in_engine:
+                _handle, params = generate_hidden_states(
+                    client, SERVED_NAME, {"input_ids": ids}, timeout=stall_timeout_s
+                )
         except openai.APIError as e:
             watch.check(e)
             raise ServerError(
@@ -202,19 +208,22 @@ def extract_shard_vllm(
             ) from e
         watch.answered()
         path = params["hidden_states_path"]
-        data = load_hidden_states(path)  # waits until the engine has written it
+        raw = _engine_file_bytes(path)
+        data = load_bytes(raw)
         validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
         out = tmp / f"hs_{i}.safetensors"
         if in_stored_format(data, dtype):
-            cleanup_hidden_states(path, keep_hidden_states=True)  # the lock file only
             shutil.move(path, out)
         else:
-            _save(out, values_of(data), data["token_ids"], dtype)
-            cleanup_hidden_states(path)
-        return len(ids), out.name, file_record(out)
+            raw = save_bytes(stored_tensors(values_of(data), data["token_ids"], dtype))
+            out.write_bytes(raw)
+            os.remove(path)
+        return len(ids), out.name, bytes_record(raw)
 
     with atomic_path(out_dir, is_dir=True) as tmp:
-        pool = ThreadPoolExecutor(concurrency)
+        # Twice the request slots: while `concurrency` rows are in the engine, as many finished
+        # ones can be stored.
+        pool = ThreadPoolExecutor(2 * concurrency)
         try:
             done = list(pool.map(lambda it: one(it, tmp), rows))
         except openai.APIError:
@@ -227,6 +236,20 @@ def extract_shard_vllm(
             tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
         )
     return stats
+
+
+def _engine_file_bytes(path: str) -> bytes:
+    """The bytes of a file the engine's connector wrote, once its write is complete; its lock
+    file is removed. (vLLM's `load_hidden_states` waits the same way, but parses the file from
+    disk, and the manifest's checksum would then read it a second time.)"""
+    import fcntl
+
+    lock_path = path + ".lock"
+    with open(lock_path) as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # the connector holds LOCK_EX until the file is whole
+        data = Path(path).read_bytes()
+    os.remove(lock_path)
+    return data
 
 
 def _write_manifest(tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds) -> dict:

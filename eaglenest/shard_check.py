@@ -26,6 +26,11 @@ REQUIRED_TENSORS = ("hidden_states", "token_ids")
 _HASH_CHUNK = 8 << 20
 
 
+def bytes_record(data: bytes) -> dict:
+    """`file_record` of a file whose bytes are in hand: no second read of what was just written."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def file_record(path) -> dict:
     """What the manifest keeps of one written file: its size and sha256."""
     h = hashlib.sha256()
@@ -123,4 +128,4 @@ def verify_shards(shard_dirs, checksums: bool = False) -> dict:
     return {"shards": len(shard_dirs), "files": files, "checksums": checksums}
 
 
-__all__ = ["check_shard", "file_record", "header_problem", "rebuild_command", "verify_shards"]
+__all__ = ["bytes_record", "check_shard", "file_record", "header_problem", "rebuild_command", "verify_shards"]

@@ -140,6 +140,19 @@ def test_one_extraction_server_serves_every_shard(default_run):
     assert len(starts) == len(commands) == 6
 
 
+def test_extracted_shards_match_their_manifests_byte_for_byte(default_run):
+    """The manifest's checksums are taken from the bytes extraction wrote, not re-read:
+    `eaglenest verify-shards --checksums` must still agree with every file."""
+    from eaglenest.shard_check import verify_shards
+
+    shards = sorted((default_run["run_dir"] / "hidden_states").glob("shard_*"))
+    assert len(shards) == default_run["config"]["hidden_states"]["num_shards"]
+    summary = verify_shards(shards, checksums=True)
+    assert summary["checksums"] and summary["files"] == sum(
+        len(json.loads((s / "manifest.json").read_text())["files"]) for s in shards
+    )
+
+
 def test_rerun_with_nothing_changed_does_nothing(default_run):
     proc = snakemake(default_run["workdir"], default_run["configfile"], "-n")
     assert planned_jobs(proc) == {}
