@@ -259,12 +259,23 @@ def plot_per_position(results: dict, out_png) -> None:
 
     methods = [m for m in results if results[m].get("per_position_acceptance")]
     fig, ax = plt.subplots(figsize=(7, 4))
+    # One group of bars per draft position 1..k, the methods side by side within it.
     width = 0.8 / max(len(methods), 1)
+    positions = max((len(results[m]["per_position_acceptance"]) for m in methods), default=0)
     for j, m in enumerate(methods):
         acc = results[m]["per_position_acceptance"]
-        ax.bar([i + j * width for i in range(len(acc))], acc, width, label=m)
-    ax.set(xlabel="speculative position", ylabel="acceptance", ylim=(0, 1), title="Per-position acceptance")
-    ax.legend()
+        offset = (j - (len(methods) - 1) / 2) * width
+        bars = ax.bar([k + 1 + offset for k in range(len(acc))], acc, width, label=m)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(1, positions + 1))
+    ax.set(
+        xlabel="draft position (k-th proposed token)",
+        ylabel="acceptance rate",
+        ylim=(0, 1.05),
+        title="Per-position acceptance",
+    )
+    if methods:
+        ax.legend()
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
