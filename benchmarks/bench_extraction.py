@@ -15,7 +15,7 @@ eaglenest's own file handling costs), and the prefill-only rate at several concu
 more in flight keep the engine busier?). `--transformers` adds the transformers backend.
 
     .venv/bin/python benchmarks/bench_extraction.py [--rows 256] [--tokens 256] [--rounds 4]
-        [--concurrency 4] [--dtype bfloat16] [--transformers]
+        [--concurrency 16] [--dtype bfloat16] [--transformers]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, default=4, help="the config's hidden_states.concurrency")
+    ap.add_argument("--concurrency", type=int, default=16, help="the config's hidden_states.concurrency")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--transformers", action="store_true", help="also time the transformers backend")
     args = ap.parse_args()
