@@ -30,7 +30,7 @@ from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, disk_full, free_bytes, human_bytes, iter_jsonl, room_for
 from eaglenest.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
-from eaglenest.shard_check import bytes_record, file_record
+from eaglenest.shard_check import bytes_record
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +132,14 @@ def in_stored_format(data: dict, dtype: str) -> bool:
     )
 
 
-def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> None:
-    from safetensors.torch import save_file
+def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> dict:
+    """Write one sample in the stored dtype; return its manifest record (size and sha256),
+    taken from the bytes written rather than by reading the file back."""
+    from safetensors.torch import save
 
-    save_file(stored_tensors(hidden, token_ids, dtype), str(path))
+    data = save(stored_tensors(hidden, token_ids, dtype))
+    path.write_bytes(data)
+    return bytes_record(data)
 
 
 def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
@@ -179,7 +183,6 @@ def extract_shard_vllm(
     the client writes. Each file is read once (its checksum taken from the bytes in hand)."""
     import openai
     from safetensors.torch import load as load_bytes
-    from safetensors.torch import save as save_bytes
     from speculators.data_generation.vllm_client import generate_hidden_states
 
     start, stop = shard_bounds(num_rows, num_shards, shard)
@@ -214,11 +217,11 @@ def extract_shard_vllm(
         out = tmp / f"hs_{i}.safetensors"
         if in_stored_format(data, dtype):
             shutil.move(path, out)
+            record = bytes_record(raw)
         else:
-            raw = save_bytes(stored_tensors(values_of(data), data["token_ids"], dtype))
-            out.write_bytes(raw)
+            record = _save(out, values_of(data), data["token_ids"], dtype)
             os.remove(path)
-        return len(ids), out.name, bytes_record(raw)
+        return len(ids), out.name, record
 
     with atomic_path(out_dir, is_dir=True) as tmp:
         # Twice the request slots: while `concurrency` rows are in the engine, as many finished
@@ -326,8 +329,7 @@ def extract_shard_transformers(
                 hidden_size,
                 f"{tokenized_path} row {i}",
             )
-            _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype)
-            files[f"hs_{i}.safetensors"] = file_record(tmp / f"hs_{i}.safetensors")
+            files[f"hs_{i}.safetensors"] = _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype)
             tokens += ids.shape[1]
         stats = _write_manifest(
             tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
