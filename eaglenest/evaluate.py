@@ -4,7 +4,8 @@ On the held-out prompts, greedy, vLLM serves the target four ways: no speculatio
 speculation, an untrained draft (the floor) and the trained draft, each with the same
 `num_speculative_tokens`. Acceptance comes from vLLM's own spec-decode counters (`/metrics`,
 read before and after, so only this run's requests count). Speculation must be lossless: each
-method's greedy outputs are compared with those of no speculation.
+method's greedy outputs are compared with those of no speculation. A sweep's variant serves its
+trained draft alone and is compared with the run's own no-speculation outputs.
 """
 
 from __future__ import annotations
@@ -249,7 +250,9 @@ def load_eval_prompts(path) -> list[dict]:
     return [{"id": r["id"], "messages": r["messages"]} for r in iter_jsonl(path)]
 
 
-def plot_per_position(results: dict, out_png) -> None:
+def plot_per_position(results: dict, out_png, title: str = "Per-position acceptance") -> None:
+    """Grouped bars: for each draft position 1..k, each entry of `results` (a method, or a
+    sweep's variant) with a per_position_acceptance list."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,11 +274,12 @@ def plot_per_position(results: dict, out_png) -> None:
     ax.set(
         xlabel="draft position (k-th proposed token)",
         ylabel="acceptance rate",
-        ylim=(0, 1.05),
-        title="Per-position acceptance",
+        ylim=(0, 1.3),  # room above the bars for the legend
+        title=title,
     )
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     if methods:
-        ax.legend()
+        ax.legend(loc="upper center", ncol=min(3, len(methods)), fontsize="small")
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
@@ -314,40 +318,39 @@ def evaluate_stage(
     out_json,
     out_csv,
     out_png,
+    out_outputs,
+    methods=METHODS,
+    reference_outputs=None,
 ) -> dict:
-    """The `evaluate_acceptance` rule: the four methods, one server each, same prompts.
-    `target` is the resolved target (eaglenest.target.Target)."""
+    """The `evaluate_acceptance` rule: each of `methods`, one server each, same prompts; every
+    greedy output goes to `out_outputs` (JSONL: method, id, token_ids, text). Without no_spec
+    among `methods` (a sweep's variant), losslessness is judged against the no_spec outputs in
+    `reference_outputs`, an earlier evaluation's `out_outputs`. `target` is the resolved target
+    (eaglenest.target.Target)."""
     from eaglenest.errors import EaglenestError
-    from eaglenest.io import read_json, write_json
-    from eaglenest.server import serving
+    from eaglenest.io import read_json, write_json, write_jsonl
 
     meta = read_json(metadata_path)
     check_template(target, meta.get("chat_template_hash"), metadata_path)
-    model = target.path
     prompts = load_eval_prompts(prompts_path)
     if not prompts:
         raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
-    untrained = make_untrained_draft(draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft")
-    drafts = {"draft": draft_dir, "untrained_draft": untrained}
-    base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
+    reference = [] if "no_spec" in methods else reference_rows(reference_outputs, prompts)
+    drafts = {"draft": draft_dir}
+    if "untrained_draft" in methods:
+        drafts["untrained_draft"] = make_untrained_draft(
+            draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft"
+        )
     results: dict = {}
-    reference: list[dict] = []
-    for method in METHODS:
-        spec = method_spec(method, model, base, env, k=k, draft_dir=drafts.get(method), ngram=ngram)
-        with serving(
-            spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
-        ) as server:
-            result, outs = evaluate_method(
-                server,
-                prompts,
-                k=k,
-                max_tokens=max_tokens,
-                concurrency=concurrency,
-                spec_decoding=method != "no_spec",
-                stall_timeout_s=server_cfg["stall_timeout_s"],
-            )
+    stored: list[dict] = []
+    for method in methods:
+        result, outs = serve_and_generate(
+            method, target, server_cfg, run_dir, prompts,
+            k=k, max_tokens=max_tokens, concurrency=concurrency, ngram=ngram, draft_dir=drafts.get(method),
+        )  # fmt: skip
         if method == "no_spec":
             reference = outs
+        stored += [{"method": method, **{f: o[f] for f in ("id", "token_ids", "text")}} for o in outs]
         same, differ = lossless(reference, outs)
         result.update(
             {
@@ -369,13 +372,54 @@ def evaluate_stage(
         "num_speculative_tokens": k,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
-        "lossless_means": lossless_meaning(base),
+        "lossless_means": lossless_meaning(server_cfg["base_args"]),
         **results,
     }
+    write_jsonl(out_outputs, stored)
     write_table(results, out_csv)
     plot_per_position(results, out_png)
     write_json(out_json, summary)
     return summary
+
+
+def serve_and_generate(
+    method, target, server_cfg, run_dir, prompts, *, k, max_tokens, concurrency, ngram, draft_dir
+) -> tuple[dict, list[dict]]:
+    """One method on its own server (reused while its flags match): its acceptance and outputs."""
+    from eaglenest.server import serving
+
+    base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
+    spec = method_spec(method, target.path, base, env, k=k, draft_dir=draft_dir, ngram=ngram)
+    with serving(
+        spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
+    ) as server:
+        return evaluate_method(
+            server,
+            prompts,
+            k=k,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            spec_decoding=method != "no_spec",
+            stall_timeout_s=server_cfg["stall_timeout_s"],
+        )
+
+
+def reference_rows(path, prompts: list[dict]) -> list[dict]:
+    """The no_spec outputs an earlier evaluation stored, in the order of `prompts`: they must be
+    for these very prompts, or losslessness would compare different questions."""
+    from eaglenest.errors import EaglenestError
+
+    if path is None:
+        raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
+    by_id = {r["id"]: r for r in iter_jsonl(path) if r.get("method") == "no_spec"}
+    missing = [p["id"] for p in prompts if p["id"] not in by_id]
+    if missing:
+        raise EaglenestError(
+            f"holds no no_spec output for {len(missing)} of the {len(prompts)} held-out prompts "
+            f"(first: {missing[0]}): it was made for other prompts",
+            path,
+        )
+    return [by_id[p["id"]] for p in prompts]
 
 
 def check_template(target, expected_hash: str | None, metadata_path) -> None:

@@ -9,6 +9,7 @@ rule evaluate_acceptance:
         target=rules.resolve_target.output.record,
     output:
         acceptance=f"{RUN}/eval/acceptance.json",
+        outputs=f"{RUN}/eval/outputs.jsonl",
         table=report(f"{RUN}/eval/acceptance.csv", caption="../report/acceptance.rst", category="Acceptance"),
         plot=report(
             f"{RUN}/eval/per_position_acceptance.png",
@@ -24,6 +25,7 @@ rule evaluate_acceptance:
     params:
         run_dir=RUN,
         server=server_params(),
+        methods=list(EVAL_METHODS),
         k=config["evaluate"]["num_speculative_tokens"],
         max_tokens=config["evaluate"]["max_tokens"],
         concurrency=config["evaluate"]["concurrency"],

@@ -23,4 +23,8 @@ run_logged(
     out_json=sm.output.acceptance,
     out_csv=sm.output.table,
     out_png=sm.output.plot,
+    out_outputs=sm.output.outputs,
+    methods=tuple(p.methods),
+    # A sweep's variant evaluates its draft alone; the run's own evaluation holds no_spec's outputs.
+    reference_outputs=sm.input.get("reference"),
 )
