@@ -27,7 +27,7 @@ from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor, quantize_
 
 from eaglenest.draft_config import resolve_aux_layer_ids
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path, disk_full, free_bytes, human_bytes, iter_jsonl, room_for
+from eaglenest.io import atomic_path, disk_full, free_bytes, human_bytes, room_for
 from eaglenest.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
 from eaglenest.shard_check import bytes_record
@@ -335,43 +335,6 @@ def extract_shard_transformers(
             tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
         )
     return stats
-
-
-def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None) -> Path:
-    """Assemble the folder speculators' trainer reads: a `save_to_disk` dataset of the rows and
-    `hidden_states/hs_{i}.safetensors` linking into the shards (no copy of the big files).
-    Without shards (online, hybrid) `hidden_states` is empty, or is hybrid's `kept` folder,
-    where the trainer keeps what it extracts."""
-    from datasets import Dataset
-
-    data_dir = Path(data_dir)
-    if data_dir.exists():
-        shutil.rmtree(data_dir)
-    rows = list(iter_jsonl(tokenized_path))
-    hs_dir = data_dir / "hidden_states"
-    data_dir.mkdir(parents=True)
-    if kept is not None:
-        hs_dir.symlink_to(Path(kept).resolve(), target_is_directory=True)
-    else:
-        hs_dir.mkdir()
-    linked = 0
-    for shard in shard_dirs:
-        for f in Path(shard).glob("hs_*.safetensors"):
-            (hs_dir / f.name).symlink_to(f.resolve())
-            linked += 1
-    if shard_dirs and linked != len(rows):
-        raise EaglenestError(
-            f"shards hold {linked} samples but {tokenized_path} has {len(rows)} rows",
-            shard_dirs[0] if shard_dirs else None,
-        )
-    Dataset.from_dict(
-        {
-            "input_ids": [r["input_ids"] for r in rows],
-            "loss_mask": [r["loss_mask"] for r in rows],
-            "seq_len": [len(r["input_ids"]) for r in rows],
-        }
-    ).with_format("torch").save_to_disk(str(data_dir))
-    return data_dir
 
 
 def check_free_space(out_dir, needed: int, margin_bytes: int, mode: str, peaks: dict, dtype: str) -> None:

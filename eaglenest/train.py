@@ -407,10 +407,11 @@ def train_stage(
     which needs the hidden-state plan (`plan_path`), the target's record (`target_record`) and
     the server's params (`server_cfg`)."""
     from eaglenest.contracts import check_training_inputs
-    from eaglenest.hidden_states import FP8, link_training_data
-    from eaglenest.io import atomic_path, read_json, write_json
+    from eaglenest.hidden_states import FP8
+    from eaglenest.io import atomic_path, iter_jsonl, read_json, write_json
     from eaglenest.server import Lease
     from eaglenest.shard_check import verify_shards
+    from eaglenest.sweep import training_subset
     from eaglenest.workflow import resolve_device
 
     offline = hs_mode == "offline"
@@ -445,7 +446,24 @@ def train_stage(
     work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
     data_dir, save_path = work / "data", work / "checkpoints"
     kept = kept_hidden_states(run_dir, spec_key(hs_key)) if hs_mode == "hybrid" else None
-    link_training_data(tokenized_path, shard_dirs if offline else [], data_dir, kept=kept)
+    # A sweep's data_fraction: a nested subset of the training rows, validation rows kept whole.
+    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
+    fraction = hp.get("data_fraction", 1.0)
+    subset = None
+    if fraction < 1:
+        subset, ratio = training_subset(
+            num_rows, hp["train_data_ratio"], fraction, hp["seed"], tokenized_path
+        )
+        hp = {**hp, "train_data_ratio": ratio}
+        num_rows = len(subset)
+    train_rows = int(num_rows * hp["train_data_ratio"])
+    log.info(
+        "training on %d rows, validating on %d (data fraction %g)",
+        train_rows,
+        num_rows - train_rows,
+        fraction,
+    )
+    link_training_data(tokenized_path, shard_dirs if offline else [], data_dir, kept=kept, rows=subset)
     remove_incomplete_checkpoints(save_path)
     done = epochs_done(save_path)
     log.info(
@@ -496,6 +514,9 @@ def train_stage(
         "resumed_from_epoch": done[-1] if done else None,
         "final_epoch": final[-1],
         "hidden_states_mode": hs_mode,
+        "data_fraction": fraction,
+        "train_rows": train_rows,
+        "val_rows": num_rows - train_rows,
         "per_epoch": metrics,
     }
     if kept is not None:
@@ -503,6 +524,47 @@ def train_stage(
     write_json(out_metrics, summary)
     plot_curves(metrics, out_curves)
     return summary
+
+
+def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None, rows=None) -> Path:
+    """Assemble the folder speculators' trainer reads: a `save_to_disk` dataset of the rows and
+    `hidden_states/hs_{i}.safetensors` linking into the shards (no copy of the big files).
+    Without shards (online, hybrid) `hidden_states` is empty, or is hybrid's `kept` folder,
+    where the trainer keeps what it extracts. `rows` (indices into the tokenized rows, a
+    sweep's data subset) picks the rows, renumbered in that order, each linked to its own file."""
+    from datasets import Dataset
+
+    from eaglenest.errors import EaglenestError
+    from eaglenest.io import iter_jsonl
+
+    data_dir = Path(data_dir)
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    all_rows = list(iter_jsonl(tokenized_path))
+    picked = list(range(len(all_rows))) if rows is None else list(rows)
+    hs_dir = data_dir / "hidden_states"
+    data_dir.mkdir(parents=True)
+    if kept is not None:
+        hs_dir.symlink_to(Path(kept).resolve(), target_is_directory=True)
+    else:
+        hs_dir.mkdir()
+    files = {f.name: f for shard in shard_dirs for f in Path(shard).glob("hs_*.safetensors")}
+    if shard_dirs and len(files) != len(all_rows):
+        raise EaglenestError(
+            f"shards hold {len(files)} samples but {tokenized_path} has {len(all_rows)} rows",
+            shard_dirs[0] if shard_dirs else None,
+        )
+    for i, row in enumerate(picked if shard_dirs else ()):
+        (hs_dir / f"hs_{i}.safetensors").symlink_to(files[f"hs_{row}.safetensors"].resolve())
+    rows = [all_rows[i] for i in picked]
+    Dataset.from_dict(
+        {
+            "input_ids": [r["input_ids"] for r in rows],
+            "loss_mask": [r["loss_mask"] for r in rows],
+            "seq_len": [len(r["input_ids"]) for r in rows],
+        }
+    ).with_format("torch").save_to_disk(str(data_dir))
+    return data_dir
 
 
 def kept_hidden_states(run_dir, key: str) -> Path:
