@@ -18,6 +18,7 @@ include: "rules/vocab.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/sweep.smk"
 
 
 rule all:
@@ -26,6 +27,8 @@ rule all:
         draft=f"{RUN}/draft",
         coverage=f"{RUN}/vocab/vocab_coverage.json",
         summary=f"{RUN}/run_summary.csv",
+        # With a sweep: every variant, side by side (rules/sweep.smk).
+        sweep=[f"{RUN}/sweep/comparison.csv"] if VARIANTS else [],
 
 
 onstart:

@@ -1,6 +1,7 @@
 # Config helpers shared by every rule file. Planning never loads a model, starts a server or
 # touches the network: everything here reads the config and the local file system only.
 import os
+import re
 from pathlib import Path
 
 from snakemake.utils import validate
@@ -8,7 +9,9 @@ from snakemake.utils import validate
 from eaglenest.errors import EaglenestError
 from eaglenest.run_estimate import data_loaders, split_gpus
 from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
+from eaglenest.evaluate import METHODS as EVAL_METHODS
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
+from eaglenest.sweep import plan_variants, swept_keys, train_hp
 from eaglenest.target import HUB_ID, cache_key_file, check_target, on_hub
 from eaglenest.workflow import code_hash, vllm_base_args, vllm_env
 
@@ -31,6 +34,17 @@ NUM_SHARDS = config["hidden_states"]["num_shards"]
 # reads hidden states from the run's server (eaglenest.online_data), so no shard is in the DAG.
 HS_MODE = config["hidden_states"]["mode"]
 SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)] if HS_MODE == "offline" else []
+# A sweep's variants (eaglenest.sweep): the base, the run's own draft, first; [] without a sweep.
+try:
+    VARIANTS = plan_variants(config)
+except EaglenestError as e:
+    raise WorkflowError(f"config {e}")
+SWEPT = swept_keys(config.get("sweep"))
+# The variants that train their own draft under {RUN}/variants/{variant}/.
+OWN_VARIANTS = {v.name: v for v in VARIANTS if not v.is_base}
+VARIANT_DIR = f"{RUN}/variants/{{variant}}"
+# Two or more data fractions: compare_variants fits acceptance against the training rows.
+DATA_SCALING = len((config.get("sweep") or {}).get("data_fraction") or []) >= 2
 # The files the tiny Llama rule writes; a production target is the user's folder or hub id.
 TARGET_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
@@ -132,3 +146,17 @@ def start_run():
 
 def release_server():
     Lease(RUN).release()
+
+
+def variant_setting(key):
+    """A params function: the variant's value of a sweepable setting."""
+    return lambda wildcards: OWN_VARIANTS[wildcards.variant].settings[key]
+
+
+def variant_hp(wildcards):
+    return train_hp(config, OWN_VARIANTS[wildcards.variant].settings)
+
+
+def variant_outputs(own_output, base_output):
+    """A file of every variant, in the sweep's order: the base's is the run's own."""
+    return [base_output if v.is_base else expand(own_output, variant=v.name)[0] for v in VARIANTS]

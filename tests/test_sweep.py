@@ -1,0 +1,331 @@
+"""Sweeps: variants planned from the config, nested data subsets, the trainer's estimate of
+served acceptance, the data-scaling fit, and a real two-variant sweep on the default run."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+
+import pandas as pd
+import pytest
+from conftest import default_config, job_timeline, planned_jobs, snakemake, write_config
+
+from eaglenest.errors import EaglenestError
+from eaglenest.sweep import (
+    compare_stage,
+    fit_data_scaling,
+    plan_variants,
+    train_hp,
+    training_subset,
+    validation_estimate,
+)
+
+VARIANT_RULES = {
+    "build_vocab_mapping_variant",
+    "draft_config_variant",
+    "train_draft_variant",
+    "export_draft_variant",
+    "evaluate_acceptance_variant",
+}
+
+
+def with_sweep(**sweep) -> dict:
+    cfg = default_config()
+    cfg["sweep"] = sweep
+    return cfg
+
+
+def test_grid_takes_every_combination_and_the_configs_own_is_the_base():
+    variants = plan_variants(with_sweep(data_fraction=[0.5, 1.0], draft_vocab_size=[256, 1024]))
+    assert [(v.name, v.is_base) for v in variants] == [
+        ("frac1-vocab1024", True),
+        ("frac0.5-vocab256", False),
+        ("frac0.5-vocab1024", False),
+        ("frac1-vocab256", False),
+    ]
+    # Settings not swept keep the config's values.
+    assert all(v.settings["lr"] == 0.003 and v.settings["epochs"] == 8 for v in variants)
+
+
+def test_one_at_a_time_varies_each_setting_around_the_configs_values():
+    cfg = with_sweep(combine="one_at_a_time", data_fraction=[0.25, 0.5], lr=[0.001, 0.003])
+    names = [v.name for v in plan_variants(cfg)]
+    assert names == ["frac1-lr0.003", "frac0.25-lr0.003", "frac0.5-lr0.003", "frac1-lr0.001"]
+
+
+def test_without_a_sweep_there_are_no_variants():
+    assert plan_variants(default_config()) == []
+    cfg = default_config()
+    cfg["sweep"] = None
+    assert plan_variants(cfg) == []
+
+
+def test_a_sweep_that_varies_nothing_or_subsets_hybrid_hidden_states_is_refused():
+    with pytest.raises(EaglenestError, match="lists no setting"):
+        plan_variants(with_sweep(combine="grid"))
+    cfg = with_sweep(data_fraction=[0.5])
+    cfg["hidden_states"]["mode"] = "hybrid"
+    with pytest.raises(EaglenestError, match="hybrid"):
+        plan_variants(cfg)
+    cfg["sweep"] = {"data_fraction": [1.0], "lr": [0.01]}
+    assert len(plan_variants(cfg)) == 2  # all rows: hybrid's kept samples stay valid
+
+
+def test_a_variants_training_params_are_the_runs_with_its_settings():
+    cfg = with_sweep(ttt_steps=[2], draft_layers=[2], epochs=[1], lr=[0.01], data_fraction=[0.5])
+    variant = plan_variants(cfg)[1]
+    hp = train_hp(cfg, variant.settings)
+    assert {k: hp[k] for k in ("ttt_steps", "draft_layers", "epochs", "lr", "data_fraction")} == {
+        "ttt_steps": 2,
+        "draft_layers": 2,
+        "epochs": 1,
+        "lr": 0.01,
+        "data_fraction": 0.5,
+    }
+    rest = {k: v for k, v in cfg["train"].items() if k not in variant.settings}
+    assert {k: v for k, v in hp.items() if k not in variant.settings} == rest
+
+
+def test_data_subsets_are_nested_and_keep_the_validation_rows_whole():
+    n, ratio = 2000, 0.9
+    split = int(n * ratio)
+    subsets = {f: training_subset(n, ratio, f, seed=0) for f in (0.25, 0.5, 0.75)}
+    for f, (rows, r) in subsets.items():
+        kept = [i for i in rows if i < split]
+        assert rows[len(kept) :] == list(range(split, n))  # validation: the same rows, last
+        assert int(len(rows) * r) == len(kept)  # speculators' own split lands on them
+        assert abs(len(kept) / split - f) < 0.05
+    small, mid, large = (set(subsets[f][0]) for f in (0.25, 0.5, 0.75))
+    assert small < mid < large
+    assert training_subset(n, ratio, 0.5, seed=1)[0] != subsets[0.5][0]  # the seed picks
+
+
+def test_speculators_split_lands_on_the_subset_for_every_size():
+    for n in range(3, 400):
+        for ratio in (0.8, 0.9, 0.95, 1.0):
+            try:
+                rows, r = training_subset(n, ratio, 0.3, seed=2)
+            except EaglenestError:  # a small split may keep no row: refused, as tested below
+                continue
+            assert int(len(rows) * r) == sum(1 for i in rows if i < int(n * ratio))
+
+
+def test_a_fraction_that_keeps_no_row_is_refused():
+    with pytest.raises(EaglenestError, match="keeps none of the 2 training rows"):
+        training_subset(3, 0.9, 1e-9, seed=0, source="tokenized.jsonl")
+
+
+def metrics(cond: list[float]) -> dict:
+    val = {f"cond_acc_{p}_epoch": c for p, c in enumerate(cond)}
+    return {"per_epoch": [{"epoch": 0, "val": {"cond_acc_0_epoch": 0.1}}, {"epoch": 1, "val": val}]}
+
+
+def test_the_trainers_estimate_multiplies_conditional_accuracies_of_the_last_epoch():
+    est = validation_estimate(metrics([0.8, 0.5, 0.5]), k=3)
+    assert est["per_position"] == pytest.approx([0.8, 0.4, 0.2])
+    assert est["tokens_per_draft"] == pytest.approx(2.4)
+    # A draft unrolled over fewer steps than k has no estimate for the positions past them.
+    short = validation_estimate(metrics([0.8, 0.5]), k=3)
+    assert short["per_position"] == pytest.approx([0.8, 0.4]) and short["tokens_per_draft"] is None
+
+
+def test_data_scaling_fit_recovers_a_log_linear_law_and_caps_at_the_ceiling():
+    rows = [100, 200, 400]
+    fit = fit_data_scaling(rows, [1.5 + 0.25 * math.log2(r / 100) for r in rows], ceiling=4.0)
+    assert fit["per_doubling"] == pytest.approx(0.25)
+    assert fit["estimated_gain_from_doubling"] == pytest.approx(0.25)
+    assert fit["last_step_estimated_gain_from_doubling"] == pytest.approx(0.25)
+    # A flattening curve: the last step's slope is below the fit's, and both are reported.
+    bending = fit_data_scaling(rows, [2.0, 2.6, 2.7], ceiling=4.0)
+    assert bending["last_step_rows"] == [200, 400]
+    assert bending["last_step_estimated_gain_from_doubling"] == pytest.approx(0.1)
+    assert bending["estimated_gain_from_doubling"] == pytest.approx(0.35)
+    assert fit["doubled_rows"] == 800 and fit["max_abs_residual"] == pytest.approx(0, abs=1e-9)
+    capped = fit_data_scaling(rows, [3.0, 3.5, 3.9], ceiling=4.0)
+    assert capped["estimate_at_doubled"] == 4.0
+    assert fit_data_scaling([100, 100], [1.0, 1.1], ceiling=4.0) is None
+
+
+def write(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    return str(path)
+
+
+def test_comparison_sets_each_variant_beside_the_trainers_estimate(tmp_path):
+    cfg = with_sweep(data_fraction=[0.25, 0.5, 1.0])
+    variants = plan_variants(cfg)
+    served = {"frac1": 2.6, "frac0.25": 1.8, "frac0.5": 2.2}
+    files: dict[str, list] = {"acc": [], "metrics": [], "coverage": [], "bench": []}
+    for v in variants:
+        tokens = served[v.name]
+        draft = {
+            "mean_acceptance_length": tokens,
+            "mean_acceptance_length_per_draft": tokens - 0.01,
+            "acceptance_rate": (tokens - 1) / 3,
+            "per_position_acceptance": [0.7, 0.5, 0.3],
+            "output_tokens_per_s": 600.0 * tokens / 2,
+            "lossless": True,
+        }
+        rows = int(1000 * v.settings["data_fraction"])
+        files["acc"].append(write(tmp_path / v.name / "acc.json", {"draft": draft}))
+        m = metrics([0.7, 0.6, 0.5]) | {"train_rows": rows}
+        files["metrics"].append(write(tmp_path / v.name / "m.json", m))
+        files["coverage"].append(write(tmp_path / v.name / "c.json", {"coverage": 0.9}))
+        files["bench"].append(
+            write(tmp_path / v.name / "b.tsv", "s\th:m:s\tmax_rss\tcpu_time\n12.5\t0\t1\t2\n")
+        )
+    reference = write(
+        tmp_path / "ref.json", {"num_speculative_tokens": 3, "no_spec": {"output_tokens_per_s": 600.0}}
+    )
+    out = tmp_path / "sweep"
+    compare_stage(
+        names=[v.name for v in variants],
+        settings=[v.settings for v in variants],
+        base=[v.is_base for v in variants],
+        acceptance_files=files["acc"],
+        metrics_files=files["metrics"],
+        coverage_files=files["coverage"],
+        train_benchmarks=files["bench"],
+        reference_acceptance=reference,
+        keys=["data_fraction"],
+        out_csv=out / "comparison.csv",
+        out_plot=out / "comparison.png",
+        out_per_position=out / "per_position.png",
+        out_scaling=out / "data_scaling.json",
+        out_scaling_plot=out / "data_scaling.png",
+    )
+    table = pd.read_csv(out / "comparison.csv")
+    assert list(table["variant"]) == ["frac1", "frac0.25", "frac0.5"]
+    assert list(table["base"]) == [True, False, False]
+    assert list(table["train_rows"]) == [1000, 250, 500]
+    assert table["val_estimate_tokens_per_draft"].tolist() == pytest.approx([1 + 0.7 + 0.42 + 0.21] * 3)
+    assert table["speedup_vs_no_spec"].tolist() == pytest.approx([1.3, 0.9, 1.1])
+    assert table["train_s"].tolist() == [12.5] * 3
+    fit = json.loads((out / "data_scaling.json").read_text())["fits"][0]
+    assert fit["largest_rows"] == 1000 and fit["doubled_rows"] == 2000
+    assert fit["per_doubling"] == pytest.approx(0.4, abs=0.01)
+    for png in ("comparison.png", "per_position.png", "data_scaling.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_variants_reference_outputs_must_cover_its_prompts(tmp_path):
+    from eaglenest.evaluate import reference_rows
+
+    ref = tmp_path / "outputs.jsonl"
+    ref.write_text(
+        json.dumps({"method": "no_spec", "id": "a", "token_ids": [1], "text": "x"})
+        + "\n"
+        + json.dumps({"method": "draft", "id": "b", "token_ids": [1], "text": "x"})
+        + "\n"
+    )
+    assert [r["id"] for r in reference_rows(ref, [{"id": "a"}])] == ["a"]
+    with pytest.raises(EaglenestError, match=r"outputs.jsonl.*no no_spec output for 1 of the 2"):
+        reference_rows(ref, [{"id": "a"}, {"id": "b"}])
+
+
+def test_a_subset_links_each_picked_row_to_its_own_hidden_states(tmp_path):
+    from datasets import load_from_disk
+
+    from eaglenest.train import link_training_data
+
+    tokenized = tmp_path / "tokenized.jsonl"
+    tokenized.write_text(
+        "".join(json.dumps({"input_ids": [i, i], "loss_mask": [0, 1]}) + "\n" for i in range(6))
+    )
+    shards = [tmp_path / "shard_0", tmp_path / "shard_1"]
+    for k, shard in enumerate(shards):
+        shard.mkdir()
+        for i in range(3 * k, 3 * k + 3):
+            (shard / f"hs_{i}.safetensors").write_text(str(i))
+    data = link_training_data(tokenized, shards, tmp_path / "data", rows=[4, 1, 5])
+    linked = sorted((data / "hidden_states").iterdir())
+    assert [(f.name, f.read_text()) for f in linked] == [
+        ("hs_0.safetensors", "4"),
+        ("hs_1.safetensors", "1"),
+        ("hs_2.safetensors", "5"),
+    ]
+    assert [r["input_ids"].tolist() for r in load_from_disk(str(data))] == [[4, 4], [1, 1], [5, 5]]
+
+
+def test_a_sweep_plans_its_variants_on_one_set_of_upstream_jobs(tmp_path):
+    cfg = with_sweep(data_fraction=[0.5, 1.0], draft_vocab_size=[256])
+    jobs = planned_jobs(snakemake(tmp_path, write_config(tmp_path, cfg), "-n", timeout=300))
+    upstream = (
+        "regenerate_responses",
+        "tokenize",
+        "plan_hidden_states",
+        "train_draft",
+        "evaluate_acceptance",
+    )
+    assert {rule: jobs[rule] for rule in upstream} == dict.fromkeys(upstream, 1)
+    assert jobs["extract_hidden_states"] == cfg["hidden_states"]["num_shards"]
+    # frac0.5-vocab256 and frac1-vocab256; frac1 at the config's 1024 is the run's own draft.
+    assert {rule: jobs[rule] for rule in VARIANT_RULES} == dict.fromkeys(VARIANT_RULES, 2)
+    assert jobs["compare_variants"] == 1
+
+
+def test_without_a_sweep_the_plan_has_no_variant(tmp_path):
+    jobs = planned_jobs(snakemake(tmp_path, write_config(tmp_path, default_config()), "-n", timeout=300))
+    assert not (VARIANT_RULES | {"compare_variants"}) & set(jobs)
+
+
+def test_an_unknown_sweep_setting_stops_the_workflow_naming_it(tmp_path):
+    cfg = with_sweep(batch_size=[1, 2])
+    proc = snakemake(tmp_path, write_config(tmp_path, cfg), "-n", check=False, timeout=300)
+    assert proc.returncode != 0 and "batch_size" in proc.stdout + proc.stderr
+
+
+@pytest.mark.engine
+def test_two_variant_sweep_reuses_the_default_runs_upstream(default_run):
+    workdir, run_dir = default_run["workdir"], default_run["run_dir"]
+    cfg = copy.deepcopy(default_run["config"])
+    # One epoch on a quarter of the rows keeps the two trainings short.
+    cfg["sweep"] = {"data_fraction": [0.25], "draft_vocab_size": [256, 512], "epochs": [1]}
+    configfile = write_config(workdir, cfg, "sweep.yaml")
+    upstream = [
+        run_dir / "responses" / "raw_responses.jsonl",
+        run_dir / "tokenized" / "tokenized_data.jsonl",
+        *sorted((run_dir / "hidden_states").glob("shard_*/manifest.json")),
+        run_dir / "draft" / "model.safetensors",
+        run_dir / "eval" / "acceptance.json",
+    ]
+    stamps = {p: p.stat().st_mtime_ns for p in upstream}
+
+    planned = planned_jobs(snakemake(workdir, configfile, "-n"))
+    assert set(planned) == VARIANT_RULES | {"compare_variants", "all"}
+    assert all(planned[rule] == 2 for rule in VARIANT_RULES)
+
+    proc = snakemake(workdir, configfile, "--cores", "2")
+    ran = set(planned_jobs(proc))
+    assert ran == VARIANT_RULES | {"compare_variants", "all"}  # nothing upstream ran again
+    # The variants' GPU jobs declare the run's GPUs, as the run's own: one at a time.
+    gpu_jobs = sorted(
+        (j["start"], j["end"])
+        for j in job_timeline(proc.events)
+        if j["rule"] in {"train_draft_variant", "evaluate_acceptance_variant"}
+    )
+    assert len(gpu_jobs) == 4
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(gpu_jobs))
+    assert {p: p.stat().st_mtime_ns for p in upstream} == stamps
+
+    names = ["frac0.25-vocab256-epochs1", "frac0.25-vocab512-epochs1"]
+    for name, size in zip(names, (256, 512), strict=True):
+        variant = run_dir / "variants" / name
+        config = json.loads((variant / "draft" / "config.json").read_text())
+        assert config["draft_vocab_size"] == size
+        acc = json.loads((variant / "eval" / "acceptance.json").read_text())
+        assert acc["draft"]["lossless"] is True and acc["draft"]["num_drafts"] > 0
+    table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
+    assert list(table["variant"]) == ["frac1-vocab1024-epochs8", *names]
+    base_rows = table["train_rows"].iloc[0]
+    assert all(0 < r < base_rows / 2 for r in table["train_rows"].iloc[1:])
+    assert table["tokens_per_step"].between(1, cfg["evaluate"]["num_speculative_tokens"] + 1).all()
+    assert table["val_estimate_tokens_per_draft"].notna().all()
+
+    assert planned_jobs(snakemake(workdir, configfile, "-n")) == {}
+    report = workdir / "sweep_report.html"
+    snakemake(workdir, configfile, "--report", str(report))
+    assert "comparison.csv" in report.read_text(errors="replace")
