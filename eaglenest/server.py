@@ -257,13 +257,23 @@ PORT_ATTEMPTS = 3
 
 
 def start(
-    spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None = None, timeout_s: float = 900.0
+    spec: ServerSpec,
+    run_dir,
+    log_path,
+    *,
+    watch_pid: int | None = None,
+    timeout_s: float = 900.0,
+    api_key: bool = True,
 ) -> Server:
     """Start a server detached (own session) and wait until it is healthy. A free port can be
-    taken by another run's server before this one binds it: then another port is tried."""
+    taken by another run's server before this one binds it: then another port is tried.
+    `api_key=False`: a server without the token, for clients that cannot send one (speculators'
+    own commands send none or "EMPTY"; benchmarks/bench_vs_speculators.py)."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            return _start_once(spec, run_dir, log_path, watch_pid=watch_pid, timeout_s=timeout_s)
+            return _start_once(
+                spec, run_dir, log_path, watch_pid=watch_pid, timeout_s=timeout_s, api_key=api_key
+            )
         except PortTaken as e:
             if attempt == PORT_ATTEMPTS:
                 raise
@@ -271,10 +281,13 @@ def start(
     raise AssertionError("unreachable")
 
 
-def _start_once(spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None, timeout_s: float) -> Server:
+def _start_once(
+    spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None, timeout_s: float, api_key: bool
+) -> Server:
     bypass_proxy_for_loopback()  # this process's health checks and clients
     port = free_port()
-    api_key = secrets.token_hex(16)
+    # An empty VLLM_API_KEY (not an inherited one) is vLLM's "no authentication".
+    api_key = secrets.token_hex(16) if api_key else ""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **engine_env(run_dir), **dict(spec.env), "VLLM_API_KEY": api_key}
@@ -410,9 +423,12 @@ def per_job_servers() -> bool:
 
 
 @contextlib.contextmanager
-def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float = 900.0):
-    """Yield a healthy server for `spec`; a per-job server is stopped on exit, a leased one kept."""
+def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float = 900.0, api_key: bool = True):
+    """Yield a healthy server for `spec`; a per-job server is stopped on exit, a leased one kept.
+    `api_key=False` (see `start`) needs a per-job server (`reuse=False`)."""
     bypass_proxy_for_loopback()
+    if reuse and not api_key:
+        raise ValueError("a leased server always has an API key: api_key=False needs reuse=False")
     if reuse and not per_job_servers():
         server = Lease(run_dir).acquire(spec, timeout_s=timeout_s)
         try:
@@ -424,7 +440,9 @@ def serving(spec: ServerSpec, run_dir, *, reuse: bool = True, timeout_s: float =
             raise
         return
     lease_dir = Path(run_dir) / ".eaglenest" / "server"
-    server = start(spec, run_dir, lease_dir / f"server-job-{os.getpid()}.log", timeout_s=timeout_s)
+    server = start(
+        spec, run_dir, lease_dir / f"server-job-{os.getpid()}.log", timeout_s=timeout_s, api_key=api_key
+    )
     try:
         yield server
     finally:

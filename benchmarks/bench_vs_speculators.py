@@ -1,0 +1,338 @@
+"""eaglenest against speculators' own recipe: same target, same prompts, evaluated the same way.
+
+Inputs: the working directory of a finished eaglenest run (`snakemake --cores all`), its target,
+its training prompts (`prompts/prompts.jsonl`) and held-out prompts (`prompts/eval_prompts.jsonl`).
+
+- eaglenest: the finished run as it is. Wall time to a draft: the sum of the Snakemake benchmark
+  seconds (`stage_times.csv`) of the stages from prompts to the exported draft.
+- speculators 0.9.0, its documented offline EAGLE-3 recipe, each step timed, in
+  `<run_dir>/bench_vs_speculators/` (git-ignored, wiped first):
+  1. `speculators regenerate-responses` on the training prompts against a vLLM server of the
+     target (the run's vLLM flags), with the run's regenerate max_tokens and temperature;
+  2. `speculators prepare-data` on its output (pre-tokenized rows: no render server needed),
+     `--no-skip-token-freq` for the token_freq.pt that step 4 needs;
+  3. `speculators generate-offline-data` against a vLLM server with the `extract_hidden_states`
+     method and the hidden-states connector (eaglenest's CPU subclass on CPU);
+  4. `speculators train`, its defaults, with the documented `--draft-vocab-size` (eaglenest's,
+     so that the vocabulary size is not what differs) and `--on-missing raise`; it builds
+     d2t/t2d itself from token_freq.pt. On CPU it runs as `python -m eaglenest.train` (the same
+     trainer with eaglenest's CPU patches) with `--loss-implementation eager --draft-attn-impl
+     sdpa`. Its last epoch's checkpoint is the draft: vLLM serves speculators' format directly.
+- Evaluation: both drafts in this one process, back to back, with eaglenest's own evaluation
+  (`eaglenest.evaluate.serve_and_generate`, method "draft") on the held-out prompts.
+
+Prints each arm's steps and wall seconds, training rows, epochs, tokens per target step,
+per-position acceptance and output tokens/s, and writes them to
+`<run_dir>/bench_vs_speculators/bench_vs_speculators.json`. On a 2-core CPU machine its
+trainer defaults (8,192 tokens a step, 12 loader workers) take about 4 minutes an epoch on the
+default run's data, so its default 20 epochs take over an hour: `--spec-epochs 5` is the value
+speculators' own offline example script passes (examples/train/eagle3_llama3_8b_sharegpt_offline_5k.sh,
+which also lowers lr to 1e-4).
+
+Usage: python benchmarks/bench_vs_speculators.py --workdir WORKDIR_OF_A_FINISHED_RUN
+         [--configfile CONFIG] [--spec-epochs N] [--spec-train-args "--num-workers 2"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# The stages of a finished run that turn the prompts into the exported draft.
+EAGLENEST_STAGES = (
+    "regenerate_responses", "tokenize", "build_vocab_mapping", "draft_config",
+    "plan_hidden_states", "extract_hidden_states", "train_draft", "export_draft",
+)  # fmt: skip
+# speculators' trainer settings worth printing, with whether each is its default.
+TRAIN_SETTINGS = (
+    "epochs", "lr", "optimizer", "weight_decay", "scheduler_type", "ttt_steps", "loss_fn",
+    "total_seq_len", "hidden_states_dtype", "num_workers", "train_data_ratio", "seed", "num_layers",
+    "sliding_window", "draft_vocab_size", "target_layer_ids",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def timed(steps: dict, name: str):
+    t0 = time.perf_counter()
+    yield
+    steps[name] = round(time.perf_counter() - t0, 1)
+    print(f"  {name}: {steps[name]:.1f} s", flush=True)
+
+
+def run(cmd: list[str], cwd: Path, log: Path) -> None:
+    """One command of the recipe, its output to `log`; a failure stops the benchmark."""
+    from eaglenest.server import log_tail
+
+    print("  $ " + shlex.join(cmd), flush=True)
+    with open(log, "wb") as f:
+        rc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise SystemExit(f"{shlex.join(cmd[:4])} failed (exit {rc}). Last lines of {log}:\n{log_tail(log)}")
+
+
+def speculators_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "speculators", *args]
+
+
+def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, extra_train_args) -> dict:
+    from datasets import load_from_disk
+    from speculators.train.config import TrainConfig
+
+    from eaglenest.draft_config import default_aux_layer_ids, resolve_aux_layer_ids
+    from eaglenest.hidden_states import vllm_extraction_spec
+    from eaglenest.server import SERVED_NAME, ServerSpec, serving
+    from eaglenest.train import epochs_done
+    from eaglenest.workflow import resolve_device, vllm_base_args, vllm_env
+
+    base, env = vllm_base_args(cfg["vllm"], cfg["target"]), vllm_env(cfg["vllm"])
+    timeout = cfg["vllm"]["startup_timeout_s"]
+    cpu = resolve_device(cfg["vllm"]["device"]) == "cpu"
+    remote = ["--trust-remote-code"] if target.trust_remote_code else []
+    regen, prep, ckpts = scratch / "regenerated.jsonl", scratch / "prepared", scratch / "checkpoints"
+    logs = scratch / "logs"
+    logs.mkdir(parents=True)
+    steps: dict[str, float] = {}
+
+    n = target.shape["num_layers"]
+    aux = resolve_aux_layer_ids(cfg["hidden_states"]["aux_layer_ids"], n)
+    # speculators' default (launch_vllm.py and train) is the same [2, n//2, n-3].
+    default_aux = aux == default_aux_layer_ids(n)
+    print(f"  aux layers {aux}: {'speculators default' if default_aux else 'the config (not the default)'}")
+    train_args = [
+        "--verifier-name-or-path", target.path, "--data-path", str(prep), "--save-path", str(ckpts),
+        "--draft-vocab-size", str(cfg["vocab"]["draft_vocab_size"]), "--on-missing", "raise", *remote,
+        *([] if default_aux else ["--target-layer-ids", *map(str, aux)]),
+        *(["--epochs", str(epochs)] if epochs else []),
+        *extra_train_args,
+        # The fused loss is a Triton kernel and FlexAttention has no CPU backward.
+        *(["--loss-implementation", "eager", "--draft-attn-impl", "sdpa"] if cpu else []),
+    ]  # fmt: skip
+    # Resolved now, so that its settings show (and a bad flag fails) before the long steps.
+    resolved = TrainConfig.resolve(train_args)
+    flat, origin = resolved.flatten(), resolved.provenance
+    settings = {k: flat[k] for k in TRAIN_SETTINGS}
+    print(
+        "  train settings: "
+        + ", ".join(f"{k} {v}{'' if origin.get(k) == 'default' else ' (set)'}" for k, v in settings.items())
+    )
+
+    # speculators' servers run without eaglenest's API key: its clients send none.
+    no_key = dict(reuse=False, timeout_s=timeout, api_key=False)
+
+    # regenerate-responses loads its tokenizer from --model and sends that same name as the
+    # request's model: the server answers to the target's folder as well as to "target".
+    rg = cfg["regenerate"]
+    spec = ServerSpec(target.path, (*base, "--served-model-name", SERVED_NAME, target.path), env)
+    with timed(steps, "regenerate-responses"), serving(spec, scratch, **no_key) as server:
+        run(
+            speculators_cmd(
+                "regenerate-responses", "--endpoint", f"{server.api_url}/chat/completions",
+                "--model", target.path, "--dataset", str(run_dir / "prompts" / "prompts.jsonl"),
+                "--outfile", str(regen), "--max-tokens", str(rg["max_tokens"]),
+                # A temperature distribution (JSON), not a number: a plain 0 crashes it.
+                "--temperature", json.dumps({str(float(rg["temperature"])): 1.0}),
+                "--sampling-params", json.dumps({"top_p": rg["top_p"]}),
+            ),
+            scratch, logs / "regenerate-responses.log",
+        )  # fmt: skip
+    errors = regen.with_name("regenerated.errors.jsonl")
+    failed = len(errors.read_text().splitlines()) if errors.exists() else 0
+    regenerated = len(regen.read_text().splitlines())
+    print(f"  {regenerated} rows (one per assistant turn), {failed} conversations failed")
+
+    with timed(steps, "prepare-data"):
+        run(
+            speculators_cmd(
+                "prepare-data", "--model", target.path, "--data", str(regen), "--output", str(prep),
+                "--seq-length", str(cfg["tokenize"]["max_seq_len"]), "--no-skip-token-freq", *remote,
+            ),
+            scratch, logs / "prepare-data.log",
+        )  # fmt: skip
+    rows = load_from_disk(str(prep)).num_rows
+
+    spec = vllm_extraction_spec(target.path, aux, n, scratch / "spool", base, env, cpu=cpu)
+    with timed(steps, "generate-offline-data"), serving(spec, scratch, **no_key) as server:
+        run(
+            speculators_cmd(
+                "generate-offline-data", "--endpoint", server.api_url, "--preprocessed-data", str(prep),
+                "--validate-outputs",  # the tutorial's recommendation
+            ),
+            scratch, logs / "generate-offline-data.log",
+        )  # fmt: skip
+    stored = len(list((prep / "hidden_states").glob("hs_*.safetensors")))
+    if stored != rows:  # it skips failed samples and exits 0
+        raise SystemExit(f"generate-offline-data stored {stored} of {rows} samples; see {logs}")
+
+    with timed(steps, "train"):
+        # `python -m eaglenest.train`: speculators' train entry point after eaglenest's CPU patches.
+        run([sys.executable, "-m", "eaglenest.train", *train_args], scratch, logs / "train.log")
+    done = epochs_done(ckpts)
+    return {
+        "steps_s": steps,
+        "total_s": round(sum(steps.values()), 1),
+        "train_rows": int(rows * flat["train_data_ratio"]),
+        "epochs": len(done),
+        "train_settings": settings,
+        "draft": str(ckpts / str(done[-1])),
+    }
+
+
+def eaglenest_arm(cfg: dict, run_dir: Path) -> dict:
+    from eaglenest.io import iter_jsonl, read_json
+
+    with open(run_dir / "stage_times.csv") as f:
+        wall = {r["stage"]: float(r["wall_s"]) for r in csv.DictReader(f)}
+    missing = [s for s in EAGLENEST_STAGES if s not in wall]
+    if missing:
+        raise SystemExit(f"{run_dir / 'stage_times.csv'} has no {', '.join(missing)}: not a finished run?")
+    steps = {s: wall[s] for s in EAGLENEST_STAGES}
+    metrics = read_json(run_dir / "train" / "train_metrics.json")
+    rows = metrics.get("train_rows")
+    if rows is None:  # a run from before train_metrics.json recorded it
+        tokenized = sum(1 for _ in iter_jsonl(run_dir / "tokenized" / "tokenized_data.jsonl"))
+        rows = int(tokenized * cfg["train"]["train_data_ratio"])
+    return {
+        "steps_s": steps,
+        "total_s": round(sum(steps.values()), 1),
+        "train_rows": rows,
+        "epochs": metrics["epochs"],
+        "draft": str(run_dir / "draft"),
+    }
+
+
+def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> None:
+    """Each arm's draft on its own server, back to back, with eaglenest's evaluation; greedy
+    outputs are compared with the run's own no-speculation outputs."""
+    from eaglenest.evaluate import load_eval_prompts, lossless, reference_rows, serve_and_generate
+    from eaglenest.workflow import vllm_base_args, vllm_env
+
+    ev = cfg["evaluate"]
+    server_cfg = {
+        "base_args": list(vllm_base_args(cfg["vllm"], cfg["target"])),
+        "env": dict(vllm_env(cfg["vllm"])),
+        "reuse": False,
+        "startup_timeout_s": cfg["vllm"]["startup_timeout_s"],
+        "stall_timeout_s": cfg["vllm"]["stall_timeout_s"],
+    }
+    prompts = load_eval_prompts(run_dir / "prompts" / "eval_prompts.jsonl")
+    reference = reference_rows(run_dir / "eval" / "outputs.jsonl", prompts)
+    print(
+        f"\nevaluating on {len(prompts)} held-out prompts: k {ev['num_speculative_tokens']}, "
+        f"max_tokens {ev['max_tokens']}, concurrency {ev['concurrency']}",
+        flush=True,
+    )
+    for name, arm in arms.items():
+        result, outs = serve_and_generate(
+            "draft", target, server_cfg, scratch, prompts, k=ev["num_speculative_tokens"],
+            max_tokens=ev["max_tokens"], concurrency=ev["concurrency"], ngram=ev["ngram"],
+            draft_dir=arm["draft"],
+        )  # fmt: skip
+        result["greedy_identical_to_no_spec"] = lossless(reference, outs)[0]
+        arm["acceptance"] = result
+        print(f"  {name}: {result['mean_acceptance_length']:.3f} tokens per target step", flush=True)
+
+
+def report(arms: dict, stored: dict) -> None:
+    for name, arm in arms.items():
+        print(f"\n{name} steps (wall s{'' if name == 'speculators' else ', Snakemake benchmark files'}):")
+        for step, s in arm["steps_s"].items():
+            print(f"  {step:<24} {s:8.1f}")
+    draft = stored.get("draft", {})
+    print(
+        f"\neaglenest's own evaluation of its draft (eval/acceptance.json): "
+        f"{draft.get('mean_acceptance_length', float('nan')):.3f} tokens per target step, "
+        f"{draft.get('output_tokens_per_s')} tok/s"
+    )
+
+    def per_pos(a):
+        return " ".join(f"{x:.2f}" for x in a["per_position_acceptance"] or [])
+
+    rows = [
+        ("wall s to a draft", lambda a: f"{a['total_s']:.1f}"),
+        ("training rows", lambda a: a["train_rows"]),
+        ("epochs", lambda a: a["epochs"]),
+        ("tokens per target step", lambda a: f"{a['acceptance']['mean_acceptance_length']:.3f}"),
+        ("acceptance length/draft", lambda a: f"{a['acceptance']['mean_acceptance_length_per_draft']:.3f}"),
+        ("acceptance rate", lambda a: f"{a['acceptance']['acceptance_rate']:.3f}"),
+        ("per-position acceptance", lambda a: per_pos(a["acceptance"])),
+        ("output tokens/s", lambda a: a["acceptance"]["output_tokens_per_s"]),
+        ("greedy = no speculation", lambda a: a["acceptance"]["greedy_identical_to_no_spec"]),
+    ]
+    print(f"\n{'':<26}" + "".join(f"{name:>22}" for name in arms))
+    for label, value in rows:
+        print(f"{label:<26}" + "".join(f"{value(a)!s:>22}" for a in arms.values()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", type=Path, required=True, help="working directory of a finished run")
+    ap.add_argument("--configfile", type=Path, default=REPO / "config" / "config.yaml")
+    ap.add_argument("--spec-epochs", type=int, help="speculators' epochs (default: its own, 20)")
+    ap.add_argument("--spec-train-args", default="", help="more train flags, e.g. '--num-workers 2'")
+    args = ap.parse_args()
+
+    from snakemake.utils import validate
+
+    cfg = yaml.safe_load(args.configfile.read_text())
+    validate(cfg, str(REPO / "config" / "schemas" / "config.schema.yaml"))  # fills the defaults
+    workdir = args.workdir.resolve()
+    run_dir = workdir / cfg["run_dir"]
+    scratch = run_dir / "bench_vs_speculators"
+    shutil.rmtree(scratch, ignore_errors=True)  # every step is timed from nothing
+    scratch.mkdir(parents=True)
+
+    from eaglenest.server import engine_env, socket_dir
+
+    # Caches, temp files and sockets of this process and every one it starts stay in scratch;
+    # the target is a local folder, so nothing needs the hub.
+    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(scratch / ".eaglenest" / "cache" / "hf")})
+    os.environ.update(engine_env(scratch))
+
+    from eaglenest.io import read_json
+    from eaglenest.target import load_target
+
+    target = load_target(run_dir / "target.json")
+    stored = read_json(run_dir / "eval" / "acceptance.json")
+    ev = cfg["evaluate"]
+    k, max_tokens = stored["num_speculative_tokens"], stored["max_tokens"]
+    if (k, max_tokens) != (ev["num_speculative_tokens"], ev["max_tokens"]):
+        print(f"note: the run's own evaluation used k {k}, max_tokens {max_tokens}; this one the config's")
+    if args.spec_epochs:
+        print(f"speculators' epochs OVERRIDDEN: {args.spec_epochs} (its default is 20)")
+    extra = shlex.split(args.spec_train_args)
+    if extra:
+        print(f"speculators train flags ADDED: {shlex.join(extra)}")
+    print(
+        f"target {target.path}; draft vocabulary {cfg['vocab']['draft_vocab_size']} in both arms "
+        f"(eaglenest's, so that it is not what differs)\n\nspeculators recipe in {scratch}:",
+        flush=True,
+    )
+    try:
+        arms = {
+            "eaglenest": eaglenest_arm(cfg, run_dir),
+            "speculators": speculators_arm(cfg, target, run_dir, scratch, args.spec_epochs, extra),
+        }
+        evaluate(arms, cfg, target, run_dir, scratch)
+    finally:
+        if not socket_dir(scratch).is_relative_to(scratch.resolve()):  # a short one in /tmp
+            shutil.rmtree(socket_dir(scratch), ignore_errors=True)
+    report(arms, stored)
+    out = scratch / "bench_vs_speculators.json"
+    out.write_text(json.dumps({"workdir": str(workdir), "config": str(args.configfile), **arms}, indent=2))
+    print(f"\nwritten: {out}")
+
+
+if __name__ == "__main__":
+    main()
