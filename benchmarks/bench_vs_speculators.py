@@ -40,6 +40,7 @@ import contextlib
 import csv
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -198,6 +199,14 @@ def eaglenest_arm(cfg: dict, run_dir: Path) -> dict:
     if missing:
         raise SystemExit(f"{run_dir / 'stage_times.csv'} has no {', '.join(missing)}: not a finished run?")
     steps = {s: wall[s] for s in EAGLENEST_STAGES}
+    # A regeneration resumed from its progress file sent nothing: its time is a server start.
+    done = re.findall(
+        r"regeneration done: .*'sent': (\d+)", (run_dir / "logs" / "regenerate_responses.log").read_text()
+    )
+    if done and int(done[-1]) == 0:
+        print(
+            "  NOTE: the run's regenerate_responses resumed every answer: its time is not a full regeneration"
+        )
     metrics = read_json(run_dir / "train" / "train_metrics.json")
     rows = metrics.get("train_rows")
     if rows is None:  # a run from before train_metrics.json recorded it
