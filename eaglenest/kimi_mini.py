@@ -32,6 +32,7 @@ from pathlib import Path
 
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path
+from eaglenest.target import BUILD_MARKER, BUILDERS
 from eaglenest.tiny_target import corpus_from_prompts
 
 log = logging.getLogger(__name__)
@@ -472,10 +473,10 @@ def build_kimi_mini(
             log.info("kimi mini trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0], losses[-1])
         save_file(hub_weights(model, config, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model.safetensors").chmod(0o644)  # safetensors writes it private
-        (tmp / "eaglenest_target.json").write_text(
+        (tmp / BUILD_MARKER).write_text(
             json.dumps(
                 {
-                    "built_by": "eaglenest.kimi_mini",
+                    "built_by": BUILDERS["kimi_k25"],
                     "seed": seed,
                     "pretrain_steps": pretrain_steps,
                     "loss_first": losses[0] if losses else None,

@@ -57,6 +57,67 @@ def check_target(path: str, built_here: bool) -> None:
     raise EaglenestError("target path does not exist (and is not a Hugging Face id 'org/name')", path)
 
 
+# Every folder a stand-in builder writes carries this marker, naming the builder: the proof that
+# the folder is the builder's to replace. A folder without it (a user's model) is never touched.
+BUILD_MARKER = "eaglenest_target.json"
+BUILDERS = {"llama": "eaglenest.tiny_target", "kimi_k25": "eaglenest.kimi_mini"}
+
+
+def built_by(folder) -> str | None:
+    """The builder a folder's marker names; None when it has no readable marker."""
+    marker = Path(folder) / BUILD_MARKER
+    try:
+        return json.loads(marker.read_text()).get("built_by")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_build_destination(target: str, architecture: str, cache_dir=None) -> None:
+    """Refuse a `build_tiny` that would replace files its builder did not write.
+
+    Run at planning, before Snakemake deletes a job's old outputs, and again by the builder.
+    The tiny Llama replaces the folder target.path names; the Kimi miniature repoints the hub
+    cache's `refs/` of target.path. Either is allowed only over the builder's own earlier output
+    (its marker), or where nothing is yet."""
+    builder = BUILDERS[architecture]
+    if architecture == "kimi_k25":
+        _check_cache_repo_is_built_by(builder, target, cache_dir)
+        return
+    folder = Path(target)
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise EaglenestError("target.build_tiny builds a model folder here, but this is a file", folder)
+    if not any(folder.iterdir()):
+        return
+    found = built_by(folder)
+    if found != builder:
+        why = f"no {BUILD_MARKER} of its own" if found is None else f"its {BUILD_MARKER} names {found}"
+        raise EaglenestError(
+            f"target.build_tiny would replace this folder, but it holds files {builder} did not "
+            f"write ({why}); nothing was deleted. Point target.path at a new folder to build the "
+            "stand-in, or remove target.build_tiny to train a draft for the model in it",
+            folder,
+        )
+
+
+def _check_cache_repo_is_built_by(builder: str, repo_id: str, cache_dir) -> None:
+    """Every snapshot of the cached repository, and every ref's commit, is `builder`'s."""
+    repo = repo_cache_folder(repo_id, cache_dir)
+    snapshots = {s.name: s for s in sorted((repo / "snapshots").glob("*"))}
+    refs = sorted(f for f in (repo / "refs").rglob("*") if f.is_file())
+    foreign = [s for s in snapshots.values() if built_by(s) != builder]
+    foreign += [r for r in refs if r.read_text().strip() not in snapshots]
+    if foreign:
+        raise EaglenestError(
+            f"target.build_tiny would publish the miniature as {repo_id} into this hub cache, but "
+            f"{foreign[0].relative_to(repo)} is not {builder}'s (no {BUILD_MARKER} of its own): "
+            "it would repoint the cached model's refs; nothing was changed. Use another "
+            "target.path or target.cache_dir, or remove target.build_tiny to use the cached model",
+            repo,
+        )
+
+
 def hub_cache_dir(cache_dir=None) -> Path:
     """The hub cache in use: the configured folder, else huggingface_hub's own
     (`HF_HUB_CACHE`, else `HF_HOME/hub`)."""

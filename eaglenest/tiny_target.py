@@ -23,6 +23,7 @@ from pathlib import Path
 
 from eaglenest.errors import EaglenestError
 from eaglenest.io import atomic_path, iter_jsonl
+from eaglenest.target import BUILD_MARKER, BUILDERS, check_build_destination
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ def build_tiny_target(
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    check_build_destination(str(out_dir), "llama")  # its folder is replaced whole: never a user's
     if num_layers < 8:
         # The default aux layers [2, n//2, n-3] collide below 8 layers.
         raise EaglenestError(f"num_layers must be at least 8, got {num_layers}")
@@ -181,9 +183,9 @@ def build_tiny_target(
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(tmp)
-        (tmp / "eaglenest_target.json").write_text(
+        (tmp / BUILD_MARKER).write_text(
             json.dumps(
-                {"built_by": "eaglenest.tiny_target", "seed": seed, "pretrain_steps": pretrain_steps},
+                {"built_by": BUILDERS["llama"], "seed": seed, "pretrain_steps": pretrain_steps},
                 indent=2,
             )
             + "\n"
@@ -216,6 +218,7 @@ def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
         )
     if "vocab_size" in shape:  # the BPE part; Kimi keeps 256 special ids after it
         shape["bpe_vocab_size"] = shape.pop("vocab_size")
+    check_build_destination(target, "kimi_k25", cache_dir)
     cache = hub_cache_dir(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -167,3 +168,88 @@ def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_pat
     ):
         resolve_target(str(folder))
     assert resolve_target(str(folder), trust_remote_code=True).trust_remote_code
+
+
+# The stand-in builders replace what they built before, and nothing else.
+
+
+def folder_bytes(folder: Path) -> dict:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_a_llama_build_goes_only_where_nothing_is_or_into_its_own_earlier_folder(tmp_path):
+    from eaglenest.target import BUILD_MARKER, check_build_destination
+
+    check_build_destination(str(tmp_path / "new"), "llama")  # nothing there yet
+    (tmp_path / "empty").mkdir()
+    check_build_destination(str(tmp_path / "empty"), "llama")
+    own = model_folder(tmp_path / "own", {"model_type": "llama"})
+    (own / BUILD_MARKER).write_text(json.dumps({"built_by": "eaglenest.tiny_target"}))
+    check_build_destination(str(own), "llama")
+
+
+@pytest.mark.parametrize(
+    "marker, why",
+    [
+        (None, "no eaglenest_target.json of its own"),
+        ({"built_by": "eaglenest.kimi_mini"}, "its eaglenest_target.json names eaglenest.kimi_mini"),
+        ("not json", "no eaglenest_target.json of its own"),
+    ],
+)
+def test_a_llama_build_refuses_a_folder_it_did_not_write_before_touching_it(tmp_path, marker, why):
+    from eaglenest.target import BUILD_MARKER
+    from eaglenest.tiny_target import build_tiny_target
+
+    user = model_folder(tmp_path / "my-model", {"model_type": "llama"})
+    (user / "tokenizer.json").write_text("{}")
+    if marker is not None:
+        (user / BUILD_MARKER).write_text(marker if isinstance(marker, str) else json.dumps(marker))
+    before = folder_bytes(user)
+    corpus = Path(__file__).resolve().parents[1] / "data" / "tiny_target" / "corpus.jsonl"
+    with pytest.raises(EaglenestError, match=f"{user}: target.build_tiny would replace this folder.*{why}"):
+        build_tiny_target(user, [corpus], pretrain_steps=0)
+    assert folder_bytes(user) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my-model"]  # no temporary folder left
+
+
+def test_a_llama_build_refuses_a_file_at_the_target_path(tmp_path):
+    from eaglenest.target import check_build_destination
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(
+        EaglenestError,
+        match=re.escape("model.gguf: target.build_tiny builds a model folder here, but this is a file"),
+    ):
+        check_build_destination(str(tmp_path / "model.gguf"), "llama")
+
+
+def test_the_miniature_is_published_only_into_a_cache_repo_of_its_own(tmp_path):
+    from eaglenest.target import BUILD_MARKER, check_build_destination, repo_cache_folder
+
+    cache = tmp_path / "hub"
+    check_build_destination(REPO_ID, "kimi_k25", cache)  # no such repository cached
+    built = model_folder(tmp_path / "built", NESTED)
+    (built / BUILD_MARKER).write_text(json.dumps({"built_by": "eaglenest.kimi_mini"}))
+    publish_to_hub_cache(built, REPO_ID, cache)
+    check_build_destination(REPO_ID, "kimi_k25", cache)  # its own earlier build
+
+    downloaded = model_folder(tmp_path / "downloaded", {**NESTED, "note": "the real one"})
+    publish_to_hub_cache(downloaded, REPO_ID, cache, branch="v1")  # a snapshot without the marker
+    repo = repo_cache_folder(REPO_ID, cache)
+    before = folder_bytes(repo)
+    with pytest.raises(
+        EaglenestError,
+        match=rf"{repo}: target.build_tiny would publish .* snapshots/\w+ is not eaglenest.kimi_mini's",
+    ):
+        check_build_destination(REPO_ID, "kimi_k25", cache)
+    assert folder_bytes(repo) == before
+
+
+def test_the_miniature_refuses_a_cache_whose_ref_names_a_snapshot_it_did_not_publish(tmp_path):
+    from eaglenest.target import check_build_destination, repo_cache_folder
+
+    refs = repo_cache_folder(REPO_ID, tmp_path) / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("0" * 40)  # a download whose snapshot is gone or elsewhere
+    with pytest.raises(EaglenestError, match=re.escape("refs/main is not eaglenest.kimi_mini's")):
+        check_build_destination(REPO_ID, "kimi_k25", tmp_path)
