@@ -6,7 +6,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default, only when no --configfile is given: a user's config file is the whole
+# config (the schema fills defaults), never merged over the stand-in's (README, "Configs").
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "report/workflow.rst"

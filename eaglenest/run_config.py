@@ -8,7 +8,8 @@ from pathlib import Path
 
 from eaglenest.errors import EaglenestError
 
-_CONFIGFILE = re.compile(r"^configfile:\s*[\"']([^\"']+)[\"']", re.M)
+# The Snakefile's embedded default (`configfile: "..."`, inside its no---configfile branch).
+_CONFIGFILE = re.compile(r"^\s*configfile:\s*[\"']([^\"']+)[\"']", re.M)
 
 
 def parse_config_entries(entries: list[str]) -> dict:
@@ -33,30 +34,32 @@ def find_snakefile(cwd=".") -> Path | None:
 
 
 def load_config(workdir, snakefile, configfiles=(), config_entries=(), cwd=".") -> dict:
-    """The config the workflow will see: the Snakefile's `configfile:` (relative to the working
-    directory, skipped when absent there and --configfile is given), then each --configfile
-    (relative to where the command runs), then --config."""
+    """The config the workflow will see: the --configfile files (relative to where the command
+    runs) merged in order, or, when none is given, the Snakefile's embedded default (relative to
+    the working directory); then --config. A config file is never merged over the default."""
     from snakemake.common.configfile import load_configfile
     from snakemake.utils import update_config
 
     workdir, cwd = Path(workdir), Path(cwd)
     config: dict = {}
-    m = _CONFIGFILE.search(Path(snakefile).read_text()) if snakefile else None
-    default = workdir / m.group(1) if m else None
-    if default is not None and default.exists():
-        update_config(config, load_configfile(default))
-    elif not configfiles:
-        raise EaglenestError(
-            "no config: the Snakefile's configfile is missing and no --configfile was given", default
-        )
-    for cf in configfiles:
-        path = Path(cf) if Path(cf).is_absolute() else cwd / cf
-        if not path.exists():
-            raise EaglenestError("config file does not exist", cf)
+    if configfiles:
+        sources = [Path(cf) if Path(cf).is_absolute() else cwd / cf for cf in configfiles]
+        for cf, path in zip(configfiles, sources):
+            if not path.exists():
+                raise EaglenestError("config file does not exist", cf)
+    else:
+        m = _CONFIGFILE.search(Path(snakefile).read_text()) if snakefile else None
+        if m is None or not (workdir / m.group(1)).exists():
+            raise EaglenestError(
+                "no config: no --configfile was given and the Snakefile's default is missing",
+                workdir / m.group(1) if m else snakefile,
+            )
+        sources = [workdir / m.group(1)]
+    for path in sources:
         update_config(config, load_configfile(path))
     update_config(config, parse_config_entries(list(config_entries)))
     if "run_dir" not in config:
-        raise EaglenestError("the config has no run_dir", default)
+        raise EaglenestError("the config has no run_dir", ", ".join(map(str, sources)))
     return config
 
 

@@ -12,10 +12,15 @@ from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
 from eaglenest.evaluate import METHODS as EVAL_METHODS
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.sweep import plan_variants, swept_keys, train_hp
-from eaglenest.target import HUB_ID, cache_key_file, check_target, on_hub
+from eaglenest.target import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
 from eaglenest.workflow import code_hash, vllm_base_args, vllm_env
 
-validate(config, schema="../config/schemas/config.schema.yaml")
+# What the config was read from, for every message about it.
+CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles] or ["config/config.yaml"]
+try:
+    validate(config, schema="../config/schemas/config.schema.yaml")
+except WorkflowError as e:
+    raise WorkflowError(f"config {', '.join(CONFIG_FILES)} does not match the schema", e)
 
 RUN = config["run_dir"]
 TARGET = config["target"]["path"]
@@ -50,8 +55,10 @@ TARGET_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer
 
 try:
     check_target(TARGET, BUILD_TINY)
+    if BUILD_TINY:  # before Snakemake deletes the builder's old outputs: never a user's files
+        check_build_destination(TARGET, TINY_ARCHITECTURE, TARGET_CACHE)
 except EaglenestError as e:
-    raise WorkflowError(f"config target.path: {e}")
+    raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: target.path: {e}")
 if HS_MODE != "offline" and config["vllm"]["device"] != "cpu":
     try:
         SERVER_GPUS, _ = split_gpus(GPUS, config["hidden_states"]["server_gpus"])
@@ -87,13 +94,24 @@ def target_source_files():
     return sorted(str(f) for f in Path(TARGET).rglob("*") if f.is_file())
 
 
+def repository_file(path) -> str:
+    """A file the repository ships, as an input path: relative to the working directory when
+    the workflow runs from its own checkout, so another clone (or a moved one) with the same run
+    folder plans the same inputs; absolute when the working directory is elsewhere (-d)."""
+    path = Path(workflow.basedir).resolve() / path
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def tiny_target_corpus():
     """The texts the tiny target learns from (relative paths: from the repository). Its own
     corpus, not the prompts: the prompts it later answers are new to it, as users' are to a
     real model."""
     # No schema default for corpus: see TINY_ARCHITECTURE.
     path = Path(config["target"]["build_tiny"].get("corpus", "data/tiny_target/corpus.jsonl"))
-    return str(path if path.is_absolute() else Path(workflow.basedir) / path)
+    return str(path) if path.is_absolute() else repository_file(path)
 
 
 def tiny_target_code():
@@ -108,7 +126,7 @@ def prompt_source_files():
     # A source's path has no schema default (it applies to some types only), hence the .get.
     for src in config["prompts"]["sources"]:
         if src["type"] == "bundled":
-            files.append(str(Path(workflow.basedir) / "data" / "prompts" / src.get("path", "default.jsonl")))
+            files.append(repository_file(Path("data", "prompts", src.get("path", "default.jsonl"))))
         elif src["type"] in ("jsonl", "parquet"):
             files.append(src["path"])
     return files

@@ -54,6 +54,24 @@ def untrained_target(tmp_path_factory) -> Path:
     return build_tiny_target(tmp_path_factory.mktemp("untrained") / "target", corpus, pretrain_steps=0)
 
 
+def fresh_clone(dest: Path) -> Path:
+    """What a fresh clone of this checkout holds (its tracked files and new ones git does not
+    ignore, as they are in the working tree), at `dest`: a repository root to type the README's
+    commands in, with nothing of this checkout's own runs."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        src = REPO / name
+        if src.is_file():  # a tracked file deleted in the working tree is not in a clone of it
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
 def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
@@ -66,24 +84,29 @@ def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
 
 def snakemake(
     workdir: Path,
-    configfile: Path,
+    configfile: Path | None,
     *args: str,
     timeout: int = 3000,
     check: bool = True,
     env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the repository's workflow with `workdir` as working directory. The GPU cap and the
-    job-events logger come from profiles/default, as in `make run` (a plain `snakemake --cores
-    all`), not from here; only the events file's name is set, as `proc.events`."""
+    """Run the workflow with `workdir` as working directory: a checkout's own (typed from its
+    root, as a user does) when `workdir` is one (`fresh_clone`), else the repository's. The GPU
+    cap and the job-events logger come from profiles/default, as in `make run` (a plain
+    `snakemake --cores all`), not from here; only the events file's name is set, as
+    `proc.events`."""
     events = workdir / ".snakemake" / "test-events" / f"{next(_INVOCATIONS):03d}.jobs.jsonl"
+    checkout = (workdir / "Snakefile").is_file()
+    if checkout and configfile is not None and configfile.is_relative_to(workdir):
+        configfile = configfile.relative_to(workdir)  # typed from the checkout's root: config/NAME.yaml
     cmd = [
         *SNAKEMAKE,
         "-s",
-        str(REPO / "Snakefile"),
+        str((workdir if checkout else REPO) / "Snakefile"),
         "-d",
         str(workdir),
-        "--configfile",
-        str(configfile),
+        # None: no --configfile, so the Snakefile's embedded default.
+        *([] if configfile is None else ["--configfile", str(configfile)]),
         "--logger-eaglenest-jobs-path",
         str(events),
         *args,
@@ -93,6 +116,7 @@ def snakemake(
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=workdir if checkout else None,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     if check and proc.returncode != 0:
@@ -142,13 +166,14 @@ def default_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def kimi_mini_run(tmp_path_factory):
-    """The seed case's miniature (config/kimi-mini.yaml), run once: a Kimi-K2.5-shaped target
-    built, published into a hub cache and resolved by its hub id, with a remote-code tokenizer
-    and a thinking template. HF_HOME points into the scratch folder, so a run that wrote to the
-    user's cache would show there."""
-    workdir = tmp_path_factory.mktemp("kimi_mini_run")
-    cfg = yaml.safe_load((REPO / "config" / "kimi-mini.yaml").read_text())
-    configfile = write_config(workdir, cfg)
+    """The seed case's miniature, run once as the README types it from a fresh clone's root
+    (`snakemake --cores all --configfile config/kimi-mini.yaml`, the shipped file as it is): a
+    Kimi-K2.5-shaped target built, published into a hub cache and resolved by its hub id, with a
+    remote-code tokenizer and a thinking template. HF_HOME points into the scratch folder, so a
+    run that wrote to the user's cache would show there."""
+    workdir = fresh_clone(tmp_path_factory.mktemp("kimi_mini_run"))
+    configfile = workdir / "config" / "kimi-mini.yaml"
+    cfg = yaml.safe_load(configfile.read_text())
     env = {"HF_HOME": str(workdir / "hf-home"), "HF_HUB_OFFLINE": "1"}
     proc = snakemake(workdir, configfile, "--cores", "2", env=env)
     (workdir / "run.log").write_text(proc.stdout + proc.stderr)

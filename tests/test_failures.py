@@ -320,10 +320,9 @@ def test_workflow_rejects_unknown_config_key(tmp_path, sections, key):
 
 
 def test_workflow_rejects_missing_target_path(tmp_path):
-    text = dry_run_fails(
-        tmp_path, workflow_config(tmp_path, target={"path": "./nowhere", "build_tiny": None})
-    )
-    assert "config target.path: ./nowhere: target path does not exist" in text
+    configfile = workflow_config(tmp_path, target={"path": "./nowhere", "build_tiny": None})
+    text = dry_run_fails(tmp_path, configfile)
+    assert f"config {configfile}: target.path: ./nowhere: target path does not exist" in text
     assert not (tmp_path / "results").exists()
 
 
