@@ -15,10 +15,12 @@ dry-run: env
 report: env
 	$(SNAKEMAKE) --report report.html
 
-# The whole suite (CI's command): unit tests, the engine tests and the end-to-end runs. -rs names
-# the reason of every skip.
+# The whole suite (CI's command): the unit tests first, stopping at the first failure (a broken
+# change fails in two minutes), then the engine tests and the end-to-end runs. -rs names the
+# reason of every skip; --durations lists the slowest, for CI's time budget.
 test: env
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -x tests -m "not engine and not slurm"
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=25 tests -m "engine or slurm"
 
 # Every unit test, no engine and no end-to-end run: about a minute and a half on 2 cores.
 test-fast: env

@@ -297,6 +297,7 @@ def test_the_seed_miniature_trains_online_in_fp8_and_stores_nothing(kimi_mini_ru
     shutil.copytree(kimi_mini_run["workdir"], work, symlinks=True, ignore=sockets)  # copy2 keeps mtimes
     cfg = yaml.safe_load(kimi_mini_run["configfile"].read_text())
     cfg["hidden_states"].update(mode="online", dtype=FP8)
+    cfg["train"]["epochs"] = 2  # the wiring, not the draft's quality: two epochs show it (CI time)
     configfile = write_config(work, cfg, "online-fp8.yaml")
     env = {**kimi_mini_run["env"], "HF_HOME": str(work / "hf-home")}
     run_dir, target = work / cfg["run_dir"], f"{cfg['run_dir']}/train/train_metrics.json"

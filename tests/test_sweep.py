@@ -319,7 +319,8 @@ def test_two_variant_sweep_reuses_the_default_runs_upstream(default_run):
         acc = json.loads((variant / "eval" / "acceptance.json").read_text())
         assert acc["draft"]["lossless"] is True and acc["draft"]["num_drafts"] > 0
     table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
-    assert list(table["variant"]) == ["frac1-vocab1024-epochs8", *names]
+    base = f"frac1-vocab{cfg['vocab']['draft_vocab_size']}-epochs{cfg['train']['epochs']}"
+    assert list(table["variant"]) == [base, *names]
     base_rows = table["train_rows"].iloc[0]
     assert all(0 < r < base_rows / 2 for r in table["train_rows"].iloc[1:])
     assert table["tokens_per_step"].between(1, cfg["evaluate"]["num_speculative_tokens"] + 1).all()
