@@ -17,8 +17,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import torch
-
 from eaglenest.io import iter_jsonl
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch
 
@@ -224,6 +222,9 @@ def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
     embeddings with fresh trainable weights."""
     import shutil
 
+    # torch here only: the workflow imports this module for METHODS when it plans, and torch
+    # would add a second to every Snakemake call.
+    import torch
     from safetensors.torch import load_file, save_file
 
     from eaglenest.io import atomic_path
