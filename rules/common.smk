@@ -10,6 +10,7 @@ from eaglenest.errors import EaglenestError
 from eaglenest.run_estimate import data_loaders, split_gpus
 from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
 from eaglenest.evaluate import METHODS as EVAL_METHODS
+from eaglenest.gguf_target import gguf_source
 from eaglenest.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.sweep import plan_variants, swept_keys, train_hp
 from eaglenest.target import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
@@ -30,6 +31,8 @@ BUILD_TINY = bool(config["target"]["build_tiny"])
 TINY_ARCHITECTURE = (config["target"]["build_tiny"] or {}).get("architecture", "llama")
 # A hub id resolves through the hub cache (the configured one, else huggingface_hub's own).
 TARGET_ON_HUB = on_hub(TARGET, TINY_ARCHITECTURE if BUILD_TINY else None)
+# A target shipped as GGUF: import_gguf_target writes its HF folder at target.path.
+GGUF = config["target"]["gguf"]
 TARGET_CACHE = config["target"]["cache_dir"]
 # Every stage that reads the target takes this record (folder, commit, files, shape) as input.
 TARGET_RECORD = f"{RUN}/target.json"
@@ -50,13 +53,26 @@ OWN_VARIANTS = {v.name: v for v in VARIANTS if not v.is_base}
 VARIANT_DIR = f"{RUN}/variants/{{variant}}"
 # Two or more data fractions: compare_variants fits acceptance against the training rows.
 DATA_SCALING = len((config.get("sweep") or {}).get("data_fraction") or []) >= 2
-# The files the tiny Llama rule writes; a production target is the user's folder or hub id.
+# The files the tiny Llama rule and the GGUF import write; a production target is otherwise the
+# user's folder or hub id.
 TARGET_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
+if BUILD_TINY and GGUF:
+    raise WorkflowError(
+        f"config {', '.join(CONFIG_FILES)}: target.build_tiny and target.gguf both build "
+        "target.path: keep one"
+    )
 try:
-    check_target(TARGET, BUILD_TINY)
-    if BUILD_TINY:  # before Snakemake deletes the builder's old outputs: never a user's files
+    GGUF_SOURCE = str(gguf_source(GGUF)) if GGUF else None
+except EaglenestError as e:
+    raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
+try:
+    check_target(TARGET, BUILD_TINY or bool(GGUF))
+    # Before Snakemake deletes a builder's old outputs: never a user's files.
+    if BUILD_TINY:
         check_build_destination(TARGET, TINY_ARCHITECTURE, TARGET_CACHE)
+    elif GGUF:
+        check_build_destination(TARGET, "gguf")
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: target.path: {e}")
 if HS_MODE != "offline" and config["vllm"]["device"] != "cpu":
@@ -89,7 +105,7 @@ def target_source_files():
     """
     if TARGET_ON_HUB:
         return [str(cache_key_file(TARGET, config["target"]["revision"], TARGET_CACHE))]
-    if BUILD_TINY:
+    if BUILD_TINY or GGUF:
         return [f"{TARGET}/{name}" for name in TARGET_FILES]
     return sorted(str(f) for f in Path(TARGET).rglob("*") if f.is_file())
 

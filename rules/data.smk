@@ -22,6 +22,24 @@ if BUILD_TINY:
         script:
             "../scripts/build_tiny_target.py"
 
+elif GGUF:
+
+    rule import_gguf_target:
+        input:
+            gguf=GGUF_SOURCE,
+        output:
+            target_source_files(),
+        log:
+            f"{RUN}/logs/import_gguf_target.log",
+        benchmark:
+            f"{RUN}/benchmarks/import_gguf_target.tsv"
+        params:
+            gguf=GGUF,
+            target=TARGET,
+            code=code_hash("gguf_target", "target"),
+        script:
+            "../scripts/import_gguf_target.py"
+
 elif TARGET_ON_HUB:
 
     rule download_target:

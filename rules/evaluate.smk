@@ -46,6 +46,7 @@ rule run_summary:
         target=rules.resolve_target.output.record,
         # What Snakemake's `benchmark:` recorded for each job of the run (time, memory).
         benchmarks=[
+            *([rules.import_gguf_target.benchmark] if GGUF else []),
             rules.resolve_target.benchmark,
             rules.prepare_prompts.benchmark,
             rules.regenerate_responses.benchmark,
