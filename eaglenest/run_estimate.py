@@ -4,6 +4,7 @@ memory. Reads the config and the local disk only (no model, no server, no networ
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from eaglenest.errors import EaglenestError
@@ -40,6 +41,25 @@ def split_gpus(gpus: int, server_gpus: int | None) -> tuple[int, int]:
             "for the trainer (online and hybrid modes split the rule's GPUs between the two)"
         )
     return server, gpus - server
+
+
+def job_gpus(gpus: int) -> list[str]:
+    """The GPUs a GPU job uses, as CUDA_VISIBLE_DEVICES names them (as torch counts them when it
+    is unset): the first `gpus`. Fewer than `gpus` is an error before a rank or server starts:
+    torchrun would start `gpus` ranks and the ones without a GPU die mid-launch."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        devices, seen = [d.strip() for d in given.split(",") if d.strip()], f"CUDA_VISIBLE_DEVICES={given!r}"
+    else:
+        import torch  # only on a GPU job's path, never when planning
+
+        devices, seen = [str(i) for i in range(torch.cuda.device_count())], "torch.cuda.device_count()"
+    if len(devices) < gpus:
+        raise EaglenestError(
+            f"config gpus is {gpus}, but this job sees {len(devices)} GPU(s) ({seen}): set gpus to "
+            f"the GPUs of the node (every GPU rule declares it), or run on a node with {gpus}"
+        )
+    return devices[:gpus]
 
 
 def data_loaders(cfg: dict) -> int:

@@ -281,6 +281,30 @@ def start(
     raise AssertionError("unreachable")
 
 
+def server_env(spec: ServerSpec, run_dir, api_key: str, inherited=None) -> dict[str, str]:
+    """The environment a server starts with: the job's (`inherited`, default os.environ), the
+    run's engine folders, the spec's own variables and the API key.
+
+    A server with a KV connector (the extraction server) drops `expandable_segments:True` from
+    PYTORCH_CUDA_ALLOC_CONF: vLLM 0.32 refuses to start with both (VllmConfig's KV-transfer
+    check), and training clusters often set it for every job."""
+    inherited = os.environ if inherited is None else inherited
+    env = {**inherited, **engine_env(run_dir), **dict(spec.env), "VLLM_API_KEY": api_key}
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "--kv-transfer-config" in spec.args and "expandable_segments:True" in conf:
+        kept = ",".join(o for o in conf.split(",") if o.strip() and o.strip() != "expandable_segments:True")
+        if kept:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = kept
+        else:
+            del env["PYTORCH_CUDA_ALLOC_CONF"]
+        log.warning(
+            "PYTORCH_CUDA_ALLOC_CONF=%s: expandable_segments:True left out for this server "
+            "(vLLM refuses it with a KV connector)",
+            conf,
+        )
+    return env
+
+
 def _start_once(
     spec: ServerSpec, run_dir, log_path, *, watch_pid: int | None, timeout_s: float, api_key: bool
 ) -> Server:
@@ -290,7 +314,7 @@ def _start_once(
     api_key = secrets.token_hex(16) if api_key else ""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **engine_env(run_dir), **dict(spec.env), "VLLM_API_KEY": api_key}
+    env = server_env(spec, run_dir, api_key)
     cmd = server_command(spec, port)
     if watch_pid:
         cmd = [sys.executable, "-m", "eaglenest.supervise", str(watch_pid), "--", *cmd]

@@ -409,6 +409,7 @@ def train_stage(
     from eaglenest.contracts import check_training_inputs
     from eaglenest.hidden_states import FP8
     from eaglenest.io import atomic_path, iter_jsonl, read_json, write_json
+    from eaglenest.run_estimate import job_gpus
     from eaglenest.server import Lease
     from eaglenest.shard_check import verify_shards
     from eaglenest.sweep import training_subset
@@ -475,6 +476,8 @@ def train_stage(
         " (resuming)" if done else "",
     )
     cuda = resolve_device(device) == "cuda"
+    if cuda:
+        job_gpus(gpus)  # as many GPUs as ranks, before anything starts
     train_args = dict(
         target=target.path,
         data_dir=data_dir,
@@ -587,10 +590,9 @@ def kept_hidden_states(run_dir, key: str) -> Path:
 def gpu_split(gpus: int, server_gpus: int | None) -> tuple[str, str]:
     """CUDA_VISIBLE_DEVICES of the server and of the trainer: the job's GPUs (as it was given
     them) split by eaglenest.run_estimate.split_gpus; one GPU is shared."""
-    from eaglenest.run_estimate import split_gpus
+    from eaglenest.run_estimate import job_gpus, split_gpus
 
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = given.split(",") if given else [str(i) for i in range(gpus)]
+    devices = job_gpus(gpus)
     server, trainer = split_gpus(len(devices), server_gpus)
     if server + trainer > len(devices):  # one GPU, shared
         return devices[0], devices[0]

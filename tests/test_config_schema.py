@@ -72,8 +72,16 @@ def test_workflow_rejects_missing_required_key_at_start(tmp_path):
 
 @pytest.mark.parametrize("configfile", SHIPPED, ids=lambda p: p.name)
 def test_shipped_configs_validate_on_their_own(configfile):
-    # The workflow merges a --configfile over config/config.yaml; each must be whole by itself.
+    # A --configfile is the whole config (nothing of config/config.yaml under it).
     validate(yaml.safe_load(configfile.read_text()), str(SCHEMA_PATH))
+
+
+def test_a_train_data_ratio_speculators_refuses_is_refused_at_start():
+    """speculators' loader requires 0 < ratio < 1; 1 would fail only at training, hours in."""
+    cfg = default_config()
+    cfg["train"]["train_data_ratio"] = 1
+    with pytest.raises(Exception, match="1 is greater than or equal to the maximum of 1"):
+        validate(cfg, str(SCHEMA_PATH))
 
 
 def test_every_property_is_described():

@@ -4,7 +4,14 @@ import subprocess
 import sys
 import time
 
-from eaglenest.server import group_members, loopback_without_proxy, pid_alive, stop_pid
+from eaglenest.server import (
+    ServerSpec,
+    group_members,
+    loopback_without_proxy,
+    pid_alive,
+    server_env,
+    stop_pid,
+)
 
 # A leader that dies at once on SIGTERM and a child that needs 2 s to exit, as vLLM's engine
 # process does while it releases the accelerators' memory.
@@ -45,3 +52,24 @@ def test_loopback_bypasses_the_cluster_proxy(monkeypatch):
     assert env["NO_PROXY"] == "127.0.0.1,localhost,::1"
     monkeypatch.setenv("NO_PROXY", "localhost")
     assert loopback_without_proxy()["NO_PROXY"] == "localhost,127.0.0.1,::1"
+
+
+def test_the_extraction_server_starts_without_expandable_segments(tmp_path):
+    """vLLM 0.32 refuses a KV connector under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
+    which clusters set for training: the connector's server leaves that option out, keeps the
+    rest; other servers keep the job's value as it is."""
+    job = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512", "PATH": "/usr/bin"}
+    extraction = ServerSpec("m", ("--kv-transfer-config", "{}"))
+    assert server_env(extraction, tmp_path, "k", job)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+    only = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env(extraction, tmp_path, "k", only)
+    # Set in vllm.env, it goes the same way: vLLM would refuse it there too.
+    spec_env = ServerSpec(
+        "m", ("--kv-transfer-config", "{}"), (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
+    )
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env(spec_env, tmp_path, "k", {})
+    assert (
+        server_env(ServerSpec("m", ("--dtype", "float32")), tmp_path, "k", job)["PYTORCH_CUDA_ALLOC_CONF"]
+        == (job["PYTORCH_CUDA_ALLOC_CONF"])
+    )
+    assert server_env(extraction, tmp_path, "k", job)["VLLM_API_KEY"] == "k"
