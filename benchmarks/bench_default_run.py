@@ -3,16 +3,17 @@
 The test suite's default run (tests/conftest.py, `default_run`) trains on a cut of the default
 config to keep CI short; this benchmark runs `config/config.yaml` itself, exactly as a user's
 first `snakemake --cores all` does, and checks the figure the README states for it (tokens per
-target step of the trained draft on the held-out prompts), within a tolerance that covers what
-reruns give.
+target step of the trained draft on the held-out prompts): 3.25 within 0.15, the span measured so
+far (3.33 to 3.35 over reruns on one CPU, 3.16 on a CPU with AMX tiles: the tiny target and the
+draft are trained on the CPU, so their weights follow its kernels).
 
 Steps: `git clone` of this checkout's HEAD into WORKDIR (committed files only, as a user gets
 them), then `snakemake --cores all` there with HF_HUB_OFFLINE=1 and no config argument. Prints
 each stage's wall seconds (the run's `stage_times.csv`), every method's tokens per target step,
 per-position acceptance and output tokens/s, and whether the headline holds; exits 1 when it
-does not. About 18 minutes on 2 cores.
+does not. About 16 to 18 minutes on 2 cores.
 
-Usage: python benchmarks/bench_default_run.py [--workdir DIR] [--expect 3.34] [--tolerance 0.15]
+Usage: python benchmarks/bench_default_run.py [--workdir DIR] [--expect 3.25] [--tolerance 0.15]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, help="where to clone (default: a new temporary folder)")
-    ap.add_argument("--expect", type=float, default=3.34, help="the README's tokens per target step")
+    ap.add_argument("--expect", type=float, default=3.25, help="the README's tokens per target step")
     ap.add_argument("--tolerance", type=float, default=0.15)
     args = ap.parse_args()
 
