@@ -85,6 +85,7 @@ def gguf_architecture(path) -> str:
 
 def import_gguf(source, out_dir, *, dtype: str = "bfloat16", prompts=CHECK_PROMPTS) -> dict:
     """Write the HF folder of the GGUF file `source` into `out_dir`; return the marker record.
+    The `import_gguf_target` rule runs it on `gguf_source(target.gguf)` and target.path.
 
     Nothing is left at `out_dir` unless every step, the logit check included, succeeds."""
     import torch
@@ -182,8 +183,3 @@ def check_logits(folder, source: Path, prompts, tolerance: float) -> dict:
             source,
         )
     return check
-
-
-def import_stage(*, gguf: dict, target: str) -> None:
-    """The `import_gguf_target` rule."""
-    import_gguf(gguf_source(gguf), target, dtype=gguf.get("dtype", "bfloat16"))

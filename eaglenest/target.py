@@ -113,12 +113,17 @@ def _check_cache_repo_is_built_by(builder: str, repo_id: str, cache_dir) -> None
     repo = repo_cache_folder(repo_id, cache_dir)
     snapshots = {s.name: s for s in sorted((repo / "snapshots").glob("*"))}
     refs = sorted(f for f in (repo / "refs").rglob("*") if f.is_file())
-    foreign = [s for s in snapshots.values() if built_by(s) != builder]
-    foreign += [r for r in refs if r.read_text().strip() not in snapshots]
+    foreign = [(s, f"no {BUILD_MARKER} of its own") for s in snapshots.values() if built_by(s) != builder]
+    foreign += [
+        (r, "it names a snapshot the builder did not publish")
+        for r in refs
+        if r.read_text().strip() not in snapshots
+    ]
     if foreign:
+        item, why = foreign[0]
         raise EaglenestError(
             f"target.build_tiny would publish the miniature as {repo_id} into this hub cache, but "
-            f"{foreign[0].relative_to(repo)} is not {builder}'s (no {BUILD_MARKER} of its own): "
+            f"{item.relative_to(repo)} is not {builder}'s ({why}): "
             "it would repoint the cached model's refs; nothing was changed. Use another "
             "target.path or target.cache_dir, or remove target.build_tiny to use the cached model",
             repo,

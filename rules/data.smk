@@ -34,8 +34,7 @@ elif GGUF:
         benchmark:
             f"{RUN}/benchmarks/import_gguf_target.tsv"
         params:
-            gguf=GGUF,
-            target=TARGET,
+            dtype=GGUF.get("dtype", "bfloat16"),
             code=code_hash("gguf_target", "target"),
         script:
             "../scripts/import_gguf_target.py"

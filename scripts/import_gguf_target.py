@@ -1,7 +1,10 @@
 """Snakemake adapter for `import_gguf_target`: see eaglenest.gguf_target."""
 
-from eaglenest.gguf_target import import_stage
+from pathlib import Path
+
+from eaglenest.gguf_target import import_gguf
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
-run_logged(sm.log[0], import_stage, gguf=dict(sm.params.gguf), target=sm.params.target)
+# The folder is the one its outputs name (target.path); the file is its input.
+run_logged(sm.log[0], import_gguf, sm.input.gguf, Path(sm.output[0]).parent, dtype=sm.params.dtype)

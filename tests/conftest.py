@@ -72,6 +72,20 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
+def folder_bytes(folder: Path) -> dict:
+    """Every file below `folder` and its bytes: to show a folder was left untouched."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def users_model(built: Path, dest: Path) -> Path:
+    """A copy of a built model folder without the builder's marker: a model of the user's own."""
+    from eaglenest.target import BUILD_MARKER
+
+    shutil.copytree(built, dest)
+    (dest / BUILD_MARKER).unlink()
+    return dest
+
+
 def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import default_config, planned_jobs, snakemake, write_config
+from conftest import default_config, folder_bytes, planned_jobs, snakemake, users_model, write_config
 from gguf_files import write_llama_gguf
 
 from eaglenest.errors import EaglenestError
@@ -95,12 +94,11 @@ def test_an_architecture_transformers_cannot_dequantize_is_refused_by_name(untra
 
 
 def test_the_import_never_replaces_a_users_folder(tiny_gguf, untrained_target, tmp_path):
-    mine = shutil.copytree(untrained_target, tmp_path / "my-model")
-    (mine / BUILD_MARKER).unlink()
-    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    mine = users_model(untrained_target, tmp_path / "my-model")
+    before = folder_bytes(mine)
     with pytest.raises(EaglenestError, match=r"target\.gguf would replace this folder"):
         import_gguf(tiny_gguf, mine)
-    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+    assert folder_bytes(mine) == before
 
 
 def test_a_package_that_is_not_installed_is_named(tmp_path):

@@ -8,15 +8,14 @@ tests/test_kimi_mini_pipeline.py reads."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import fresh_clone, planned_jobs, snakemake, write_config
+from conftest import folder_bytes, fresh_clone, planned_jobs, snakemake, users_model, write_config
 
 from eaglenest.run_config import load_config
-from eaglenest.target import BUILD_MARKER, publish_to_hub_cache, repo_cache_folder
+from eaglenest.target import publish_to_hub_cache, repo_cache_folder
 
 # The files build_tiny_target declares as outputs (rules/common.smk, TARGET_FILES): Snakemake
 # deletes them before the job runs.
@@ -30,18 +29,6 @@ def clone(tmp_path_factory) -> Path:
 
 def shipped(clone: Path, name: str) -> dict:
     return yaml.safe_load((clone / "config" / name).read_text())
-
-
-def users_model(untrained_target: Path, dest: Path) -> Path:
-    """A model folder of the user's own, with every file the builder writes: no marker."""
-    shutil.copytree(untrained_target, dest)
-    (dest / BUILD_MARKER).unlink()
-    assert all((dest / name).exists() for name in BUILDER_OUTPUTS)
-    return dest
-
-
-def folder_bytes(folder: Path) -> dict:
-    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
 def test_no_configfile_plans_the_embedded_default(clone):
@@ -97,6 +84,7 @@ def test_build_tiny_set_on_a_users_folder_by_mistake_is_refused_and_nothing_dele
     clone, untrained_target, tmp_path
 ):
     model = users_model(untrained_target, tmp_path / "my-model")
+    assert all((model / name).exists() for name in BUILDER_OUTPUTS)  # what the job would delete
     cfg = shipped(clone, "config.yaml")
     cfg["target"]["path"] = str(model)  # build_tiny stays, as in the default
     cfg["run_dir"] = "results/mistake"

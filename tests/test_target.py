@@ -10,6 +10,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import numpy as np
 import pytest
 import torch
+from conftest import folder_bytes
 
 from eaglenest.draft_config import draft_config_stage
 from eaglenest.errors import EaglenestError
@@ -171,10 +172,6 @@ def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_pat
 
 
 # The stand-in builders replace what they built before, and nothing else.
-
-
-def folder_bytes(folder: Path) -> dict:
-    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
 
 
 def test_a_llama_build_goes_only_where_nothing_is_or_into_its_own_earlier_folder(tmp_path):
