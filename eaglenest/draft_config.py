@@ -45,6 +45,42 @@ def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[
     return ids
 
 
+def draft_rope_parameters(tcfg: dict, source) -> tuple[dict, str | None]:
+    """The target's RoPE as the draft's one rope, in transformers 5's `rope_parameters` (from
+    the legacy `rope_scaling` + `rope_theta` where the target's config.json has those), and
+    what was derived. Like speculators' own draft builder, the legacy `type` alias and a
+    partial rotary factor are dropped (the draft's layer rotates its whole head). Rope layouts a
+    single Llama rope cannot carry are refused."""
+    params = tcfg.get("rope_parameters")
+    derived = None
+    if params is None:
+        legacy = dict(tcfg.get("rope_scaling") or {})
+        kind = legacy.pop("rope_type", legacy.pop("type", "default"))
+        params = {"rope_type": kind, "rope_theta": tcfg.get("rope_theta", 10000.0), **legacy}
+        derived = "rope_scaling and rope_theta (the legacy keys) as rope_parameters"
+        if "rope_theta" not in tcfg:
+            derived += "; rope_theta 10000 (transformers' default: the target names none)"
+    params = dict(params)
+    if "rope_theta" not in params:
+        raise EaglenestError(
+            f"the target's rope_parameters differ per layer type ({', '.join(sorted(params))}): "
+            "the draft's single rope cannot carry them",
+            source,
+        )
+    if "mrope_section" in params:
+        raise EaglenestError(
+            "the target uses multimodal rope (mrope_section): the draft's Llama layer rotates plain positions",
+            source,
+        )
+    params.pop("type", None)
+    if params.pop("partial_rotary_factor", None) is not None:
+        derived = (
+            derived + "; " if derived else ""
+        ) + "partial_rotary_factor dropped (the draft rotates its whole head)"
+    params.setdefault("rope_type", "default")
+    return params, derived
+
+
 def draft_config_stage(
     target_dir,
     out_path,
@@ -64,25 +100,43 @@ def draft_config_stage(
             f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the target's vocabulary)",
             config_path,
         )
-    heads = tcfg.get("num_attention_heads", max(1, hidden // 128))
+    missing = [k for k in ("num_attention_heads", "intermediate_size", "rms_norm_eps") if k not in tcfg]
+    if missing:
+        raise EaglenestError(
+            f"the target's text config has no {', '.join(missing)}: the draft's layer cannot be "
+            "shaped like it (a target whose shape cannot be mapped is refused, not approximated)",
+            config_path,
+        )
+    heads = tcfg["num_attention_heads"]
+    # What the draft takes other than by copying the target's own key, and why.
+    derived = {}
+    if "head_dim" not in tcfg:
+        derived["head_dim"] = "hidden_size / num_attention_heads: the target has no head_dim (MLA)"
+    if "num_key_value_heads" not in tcfg:
+        derived["num_key_value_heads"] = "num_attention_heads: the target has no num_key_value_heads"
+    if "max_position_embeddings" not in tcfg:
+        derived["max_position_embeddings"] = "vllm.max_model_len: the target has no max_position_embeddings"
+    rope, rope_derived = draft_rope_parameters(tcfg, config_path)
+    if rope_derived:
+        derived["rope_parameters"] = rope_derived
     cfg = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
         "hidden_size": hidden,
-        "intermediate_size": tcfg.get("intermediate_size", 4 * hidden),
+        "intermediate_size": tcfg["intermediate_size"],
         "num_hidden_layers": draft_layers,
         "num_attention_heads": heads,
         "num_key_value_heads": tcfg.get("num_key_value_heads", heads),
         # MLA targets (DeepSeek-V3, Kimi) have no head_dim: the draft is a plain Llama layer.
         "head_dim": tcfg.get("head_dim", hidden // heads),
         "hidden_act": "silu",
-        "rms_norm_eps": tcfg.get("rms_norm_eps", 1e-6),
+        "rms_norm_eps": tcfg["rms_norm_eps"],
         "vocab_size": vocab,
         # The draft must cover the target's serving context.
-        "max_position_embeddings": max(
-            max_position_embeddings or 0, tcfg.get("max_position_embeddings", 2048)
-        ),
-        "rope_theta": tcfg.get("rope_theta", (tcfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        "max_position_embeddings": max(max_position_embeddings or 0, tcfg.get("max_position_embeddings", 0)),
+        # The target's positions, scaling included (Kimi's YaRN): speculators' trainer and
+        # vLLM's draft both read transformers 5's rope_parameters.
+        "rope_parameters": rope,
         "tie_word_embeddings": False,
         "eaglenest": {
             "aux_layer_ids": aux,
@@ -90,6 +144,7 @@ def draft_config_stage(
             "target_vocab_size": vocab,
             "draft_vocab_size": draft_vocab_size,
             "hidden_size": hidden,
+            "derived": derived,
         },
     }
     write_json(out_path, cfg)

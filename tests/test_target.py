@@ -43,6 +43,7 @@ NESTED = {
         "num_hidden_layers": 8,
         "num_attention_heads": 2,
         "intermediate_size": 128,
+        "rms_norm_eps": 1e-5,
     },
     "vision_config": {"hidden_size": 32, "num_hidden_layers": 1},
 }
