@@ -222,9 +222,10 @@ def eaglenest_arm(cfg: dict, run_dir: Path) -> dict:
 
 
 def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> None:
-    """Each arm's draft on its own server, back to back, with eaglenest's evaluation; greedy
-    outputs are compared with the run's own no-speculation outputs."""
-    from eaglenest.evaluate import load_eval_prompts, lossless, reference_rows, serve_and_generate
+    """Each arm's draft on its own server, back to back, through eaglenest's evaluation stage
+    (as a sweep's variant: the held-out prompts and the run's benchmarks, greedy outputs
+    compared with the run's own no-speculation outputs)."""
+    from eaglenest.evaluate import evaluate_stage
     from eaglenest.workflow import vllm_base_args, vllm_env
 
     ev = cfg["evaluate"]
@@ -235,22 +236,35 @@ def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> Non
         "startup_timeout_s": cfg["vllm"]["startup_timeout_s"],
         "stall_timeout_s": cfg["vllm"]["stall_timeout_s"],
     }
-    prompts = load_eval_prompts(run_dir / "prompts" / "eval_prompts.jsonl")
-    reference = reference_rows(run_dir / "eval" / "outputs.jsonl", prompts)
     print(
-        f"\nevaluating on {len(prompts)} held-out prompts: k {ev['num_speculative_tokens']}, "
-        f"max_tokens {ev['max_tokens']}, concurrency {ev['concurrency']}",
+        f"\nevaluating on the held-out prompts and {', '.join(b['name'] for b in ev.get('benchmarks', [])) or 'no benchmark'}: "
+        f"k {ev['num_speculative_tokens']}, max_tokens {ev['max_tokens']}, concurrency {ev['concurrency']}",
         flush=True,
     )
     for name, arm in arms.items():
-        result, outs = serve_and_generate(
-            "draft", target, server_cfg, scratch, prompts, k=ev["num_speculative_tokens"],
-            max_tokens=ev["max_tokens"], concurrency=ev["concurrency"], ngram=ev["ngram"],
-            draft_dir=arm["draft"],
+        out = scratch / "eval" / name
+        out.mkdir(parents=True, exist_ok=True)
+        summary = evaluate_stage(
+            run_dir=scratch, target=target, draft_dir=arm["draft"],
+            prompts_path=run_dir / "prompts" / "eval_prompts.jsonl",
+            benchmarks_path=run_dir / "prompts" / "benchmarks.jsonl",
+            metadata_path=run_dir / "tokenized" / "metadata.json",
+            server_cfg=server_cfg, k=ev["num_speculative_tokens"], max_tokens=ev["max_tokens"],
+            concurrency=ev["concurrency"], ngram=ev["ngram"],
+            out_json=out / "acceptance.json", out_csv=out / "acceptance.csv",
+            out_png=out / "per_position.png", out_outputs=out / "outputs.jsonl",
+            out_sets=out / "benchmarks.csv", methods=("draft",),
+            reference_outputs=run_dir / "eval" / "outputs.jsonl",
         )  # fmt: skip
-        result["greedy_identical_to_no_spec"] = lossless(reference, outs)[0]
+        result = summary["draft"]
+        result["greedy_identical_to_no_spec"] = result["lossless"]
+        result["benchmarks"] = {b: figs["draft"] for b, figs in summary["benchmarks"].items()}
         arm["acceptance"] = result
-        print(f"  {name}: {result['mean_acceptance_length']:.3f} tokens per target step", flush=True)
+        on = "".join(f", {b} {f['mean_acceptance_length']:.3f}" for b, f in result["benchmarks"].items())
+        print(
+            f"  {name}: held-out {result['mean_acceptance_length']:.3f}{on} tokens per target step",
+            flush=True,
+        )
 
 
 def report(arms: dict, stored: dict) -> None:
@@ -279,6 +293,13 @@ def report(arms: dict, stored: dict) -> None:
         ("output tokens/s", lambda a: a["acceptance"]["output_tokens_per_s"]),
         ("greedy = no speculation", lambda a: a["acceptance"]["greedy_identical_to_no_spec"]),
     ]
+    for bench in next(iter(arms.values()))["acceptance"].get("benchmarks", {}):
+        rows.append(
+            (
+                f"{bench}: tokens per step",
+                lambda a, b=bench: f"{a['acceptance']['benchmarks'][b]['mean_acceptance_length']:.3f}",
+            )
+        )
     print(f"\n{'':<26}" + "".join(f"{name:>22}" for name in arms))
     for label, value in rows:
         print(f"{label:<26}" + "".join(f"{value(a)!s:>22}" for a in arms.values()))

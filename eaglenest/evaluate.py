@@ -10,6 +10,7 @@ trained draft alone and is compared with the run's own no-speculation outputs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -17,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from eaglenest.benchmarks import HELD_OUT, request_acceptance, turn_messages
 from eaglenest.io import iter_jsonl
 from eaglenest.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch
 
@@ -59,6 +61,8 @@ def method_spec(
         ]
     elif method != "no_spec":
         raise ValueError(f"unknown method {method}")
+    if method != "no_spec":  # vLLM refuses the flag without speculation
+        args += ["--per-request-spec-decode-metrics", "summary"]  # each response's own acceptance
     return ServerSpec(model=target, args=tuple(args), env=env)
 
 
@@ -132,14 +136,7 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
             watch.check(e)
             raise ServerError(f"prompt {p['id']}: the server failed it twice: {e}", server.log_path) from e
         watch.answered()
-        c = r.choices[0]
-        ids = (c.model_extra or {}).get("token_ids")
-        return {
-            "id": p["id"],
-            "text": c.message.content or "",
-            "token_ids": ids,
-            "completion_tokens": r.usage.completion_tokens,
-        }
+        return response_row(p["id"], r.model_dump())
 
     t0 = time.monotonic()
     pool = ThreadPoolExecutor(concurrency)
@@ -148,6 +145,21 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
     finally:  # on a failure, fail now: queued prompts are dropped, not sent to a hung server
         pool.shutdown(wait=False, cancel_futures=True)
     return outs, time.monotonic() - t0
+
+
+def response_row(prompt_id: str, response: dict) -> dict:
+    """What evaluation keeps of one chat-completion response (its JSON body): the greedy text
+    and token ids, the token counts, and vLLM's per-request spec-decode metrics (None without
+    speculation)."""
+    choice = response["choices"][0]
+    return {
+        "id": prompt_id,
+        "text": choice["message"].get("content") or "",
+        "token_ids": choice.get("token_ids"),
+        "prompt_tokens": response["usage"]["prompt_tokens"],
+        "completion_tokens": response["usage"]["completion_tokens"],
+        "spec": (response.get("metrics") or {}).get("speculative_decoding"),
+    }
 
 
 def evaluate_method(
@@ -199,12 +211,45 @@ def lossless(reference: list[dict], outs: list[dict]) -> tuple[bool, list[str]]:
     return not differ, differ
 
 
+def tensor_parallel_size(base_args) -> int:
+    args = list(base_args)
+    return int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
+
+
+def judge_against_noise_floor(results: dict, floor: float, prompts: int) -> None:
+    """Across tensor-parallel ranks a correct draft's greedy outputs can differ from no
+    speculation's: verification runs other batch shapes, and vLLM's reductions are not
+    bit-reproducible. n-gram drafting is always right or wrong by table lookup, so what
+    differs under it is the engine's own noise: its identical fraction is the floor. A draft
+    is lossless when its identical fraction is within two binomial standard errors (and one
+    prompt) of that floor; far below it is a speculation bug. The strict figure is kept."""
+    margin = 2 * (floor * (1 - floor) / prompts) ** 0.5 + 1 / prompts
+    for method, r in results.items():
+        if method in ("no_spec", "ngram"):
+            continue
+        r["lossless_bit_exact"] = r["lossless"]
+        r["lossless"] = r["identical_fraction"] >= floor - margin
+        r["noise_floor"] = {"ngram_identical_fraction": floor, "margin": round(margin, 4)}
+
+
+def ngram_identical_fraction(rows: list[dict], answers: dict) -> float | None:
+    """n-gram's share of held-out outputs equal to no speculation's (the noise floor)."""
+    ngram = [r for r in rows if r["method"] == "ngram" and r.get("set", HELD_OUT) == HELD_OUT]
+    if not ngram:
+        return None
+    same = sum(
+        (r["token_ids"], r["text"])
+        == (answers[(HELD_OUT, r["id"], 0)]["token_ids"], answers[(HELD_OUT, r["id"], 0)]["text"])
+        for r in ngram
+    )
+    return same / len(ngram)
+
+
 def lossless_meaning(base_args) -> str:
     """What `identical_fraction` can prove on this server: bit-identical greedy outputs are
     expected on one device; across tensor-parallel ranks vLLM's reductions and batching are
     not bit-reproducible, so there a fraction below 1 can come from the engine itself."""
-    args = list(base_args)
-    tp = int(args[args.index("--tensor-parallel-size") + 1]) if ("--tensor-parallel-size" in args[:-1]) else 1
+    tp = tensor_parallel_size(base_args)
     if tp == 1:
         return (
             "greedy outputs of each method compared token for token with no speculation; "
@@ -212,8 +257,9 @@ def lossless_meaning(base_args) -> str:
         )
     return (
         f"greedy outputs compared token for token with no speculation at tensor parallel "
-        f"{tp}: vLLM is not bit-reproducible across ranks and batch shapes, so a few "
-        "differing prompts can come from the engine; a speculation bug shows as many"
+        f"{tp}: vLLM is not bit-reproducible across ranks and batch shapes, so a draft is "
+        "judged against n-gram's identical fraction, the engine's own noise floor "
+        "(`noise_floor`; the strict comparison is `lossless_bit_exact`)"
     )
 
 
@@ -320,73 +366,299 @@ def evaluate_stage(
     out_csv,
     out_png,
     out_outputs,
+    benchmarks_path=None,
+    out_sets=None,
+    out_requests=None,
+    out_request_png=None,
     methods=METHODS,
     reference_outputs=None,
 ) -> dict:
-    """The `evaluate_acceptance` rule: each of `methods`, one server each, same prompts; every
-    greedy output goes to `out_outputs` (JSONL: method, id, token_ids, text). Without no_spec
-    among `methods` (a sweep's variant), losslessness is judged against the no_spec outputs in
-    `reference_outputs`, an earlier evaluation's `out_outputs`. `target` is the resolved target
-    (eaglenest.target.Target)."""
+    """The `evaluate_acceptance` rule: each of `methods` on one server each, the held-out
+    prompts then every benchmark conversation of `benchmarks_path` (eaglenest.benchmarks),
+    turn by turn. Every greedy output goes to `out_outputs` (JSONL: method, set, id, turn,
+    token_ids, text). Without no_spec among `methods` (a sweep's variant), losslessness and the
+    earlier turns' answers come from the no_spec outputs in `reference_outputs`, an earlier
+    evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.Target)."""
     from eaglenest.errors import EaglenestError
-    from eaglenest.io import read_json, write_json, write_jsonl
+    from eaglenest.io import read_json, read_jsonl, write_json, write_jsonl
 
     meta = read_json(metadata_path)
     check_template(target, meta.get("chat_template_hash"), metadata_path)
     prompts = load_eval_prompts(prompts_path)
     if not prompts:
         raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
-    reference = [] if "no_spec" in methods else reference_rows(reference_outputs, prompts)
+    conversations = read_jsonl(benchmarks_path) if benchmarks_path else []
+    # no_spec's outputs by (set, id, turn): the reference every method must equal, and the
+    # answers a conversation's later turns are asked after.
+    answers = {} if "no_spec" in methods else reference_answers(reference_outputs, prompts, conversations)
     drafts = {"draft": draft_dir}
     if "untrained_draft" in methods:
         drafts["untrained_draft"] = make_untrained_draft(
             draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft"
         )
+    gen = {
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+        "stall_timeout_s": server_cfg["stall_timeout_s"],
+    }
     results: dict = {}
+    per_set: dict = {}
     stored: list[dict] = []
     for method in methods:
-        result, outs = serve_and_generate(
-            method, target, server_cfg, run_dir, prompts,
-            k=k, max_tokens=max_tokens, concurrency=concurrency, ngram=ngram, draft_dir=drafts.get(method),
-        )  # fmt: skip
-        if method == "no_spec":
-            reference = outs
-        stored += [{"method": method, **{f: o[f] for f in ("id", "token_ids", "text")}} for o in outs]
-        same, differ = lossless(reference, outs)
-        result.update(
-            {
-                "lossless": same,
-                "identical_fraction": 1 - len(differ) / len(prompts),
-                "prompts_differing": differ,
-            }
-        )
+        with method_server(
+            method, target, server_cfg, run_dir, k=k, ngram=ngram, draft_dir=drafts.get(method)
+        ) as server:
+            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
+            outs = [{**o, "set": HELD_OUT, "turn": 0, "category": "all"} for o in outs]
+            if method == "no_spec":
+                answers.update({(o["set"], o["id"], 0): o for o in outs})
+            sets = {HELD_OUT: (outs, result["seconds"], [])}
+            for name in dict.fromkeys(c["benchmark"] for c in conversations):
+                convs = [c for c in conversations if c["benchmark"] == name]
+                sets[name] = ask_conversations(
+                    server, convs, answers, is_reference=method == "no_spec", **gen
+                )
+        stored += outs_of(method, sets)
+        result.update(lossless_fields(outs, answers))
         log.info(
             "%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s",
             method,
             result["mean_acceptance_length"],
             result["acceptance_rate"],
             result["output_tokens_per_s"] or 0,
-            same,
+            result["lossless"],
         )
         results[method] = result
+        per_set[method] = {name: set_figures(*asked, answers, k) for name, asked in sets.items()}
+    if tensor_parallel_size(server_cfg["base_args"]) > 1:
+        rows = stored if "ngram" in methods else list(iter_jsonl(reference_outputs))
+        floor = ngram_identical_fraction(rows, answers)
+        if floor is not None:
+            judge_against_noise_floor(results, floor, len(prompts))
+    benchmarks = {
+        name: {
+            "conversations": sum(c["benchmark"] == name for c in conversations),
+            **{m: per_set[m][name] for m in methods},
+        }
+        for name in dict.fromkeys(c["benchmark"] for c in conversations)
+    }
     summary = {
         "num_speculative_tokens": k,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
         "lossless_means": lossless_meaning(server_cfg["base_args"]),
         **results,
+        "benchmarks": benchmarks,
     }
-    write_jsonl(out_outputs, stored)
+    write_jsonl(out_outputs, [{f: o[f] for f in STORED_FIELDS} for o in stored])
     write_table(results, out_csv)
     plot_per_position(results, out_png)
+    if out_sets:
+        write_set_table(per_set, out_sets)
+    if out_requests:
+        write_requests(stored, out_requests)
+    if out_request_png:
+        plot_requests(stored, out_request_png)
     write_json(out_json, summary)
     return summary
 
 
-def serve_and_generate(
-    method, target, server_cfg, run_dir, prompts, *, k, max_tokens, concurrency, ngram, draft_dir
-) -> tuple[dict, list[dict]]:
-    """One method on its own server (reused while its flags match): its acceptance and outputs."""
+STORED_FIELDS = ("method", "set", "id", "turn", "token_ids", "text")
+
+
+def outs_of(method: str, sets: dict) -> list[dict]:
+    return [{"method": method, **o} for outs, _, _ in sets.values() for o in outs]
+
+
+def ask_conversations(
+    server,
+    conversations: list[dict],
+    answers: dict,
+    *,
+    is_reference: bool,
+    max_tokens,
+    concurrency,
+    stall_timeout_s,
+) -> tuple[list[dict], float]:
+    """Every turn of a benchmark's conversations, a turn of all of them at a time; turn t is
+    asked after the reference's answers to the turns before it (no_spec's, which `is_reference`
+    records as it goes). Returns the outputs and the seconds spent generating."""
+    outs_all, seconds, too_long = [], 0.0, []
+    for turn in range(max(len(c["turns"]) for c in conversations)):
+        asked = [c for c in conversations if len(c["turns"]) > turn and c["id"] not in too_long]
+        prompts = [
+            {
+                "id": c["id"],
+                "messages": turn_messages(
+                    c, turn, [answers[(c["benchmark"], c["id"], t)]["text"] for t in range(turn)]
+                ),
+            }
+            for c in asked
+        ]
+        # A turn whose prompt leaves no room for its answer would fail at the server: it and
+        # the conversation's later turns are left out, the same for every method.
+        fit = room_for_answer(server, prompts, max_tokens)
+        too_long += [c["id"] for c, ok in zip(asked, fit, strict=True) if not ok]
+        asked = [c for c, ok in zip(asked, fit, strict=True) if ok]
+        prompts = [p for p, ok in zip(prompts, fit, strict=True) if ok]
+        if not prompts:
+            break
+        outs, s = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
+        seconds += s
+        outs = [
+            {**o, "set": c["benchmark"], "turn": turn, "category": c["category"]}
+            for c, o in zip(asked, outs, strict=True)
+        ]
+        if is_reference:
+            answers.update({(o["set"], o["id"], turn): o for o in outs})
+        outs_all += outs
+    return outs_all, seconds, too_long
+
+
+def room_for_answer(server: Server, prompts: list[dict], max_tokens: int) -> list[bool]:
+    """Whether each prompt, rendered by the server itself (its /tokenize endpoint, with the
+    template it serves), leaves `max_tokens` within its max_model_len."""
+    fits = []
+    for p in prompts:
+        body = json.dumps({"model": SERVED_NAME, "messages": p["messages"], "add_generation_prompt": True})
+        request = urllib.request.Request(
+            f"{server.base_url}/tokenize",
+            data=body.encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.client_key}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            answer = json.loads(r.read())
+        fits.append(answer["count"] + max_tokens <= answer["max_model_len"])
+    return fits
+
+
+def lossless_fields(outs: list[dict], answers: dict) -> dict:
+    """Greedy speculation must reproduce the outputs without it, token for token."""
+    reference = [answers[(o["set"], o["id"], o["turn"])] for o in outs]
+    same, differ = lossless(reference, outs)
+    return {
+        "lossless": same,
+        "identical_fraction": 1 - len(differ) / len(outs),
+        "prompts_differing": differ,
+    }
+
+
+def set_figures(outs: list[dict], seconds: float, too_long: list[str], answers: dict, k: int) -> dict:
+    """One method on one evaluated set: acceptance from the per-request metrics, overall, per
+    category and per turn, its output tokens/s, and losslessness."""
+    figures = request_acceptance(outs, k)
+    figures["conversations_cut_too_long"] = too_long
+    figures["output_tokens_per_s"] = round(figures["output_tokens"] / seconds, 2) if seconds else None
+    figures.update(lossless_fields(outs, answers))
+    for key in ("category", "turn"):
+        groups = dict.fromkeys(o[key] for o in outs)
+        if len(groups) > 1:
+            figures[f"per_{key}"] = {
+                str(g): request_acceptance([o for o in outs if o[key] == g], k) for g in groups
+            }
+    return figures
+
+
+def write_set_table(per_set: dict, out_csv) -> None:
+    """One row per method, set and category ("all" for the whole set)."""
+    import pandas as pd
+
+    from eaglenest.io import atomic_path
+
+    rows = []
+    for method, sets in per_set.items():
+        for name, fig in sets.items():
+            groups = {"all": fig, **fig.get("per_category", {})}
+            for category, g in groups.items():
+                row = {
+                    "set": name,
+                    "category": category,
+                    "method": method,
+                    "requests": g["requests"],
+                    "mean_acceptance_length": g["mean_acceptance_length"],
+                    "acceptance_rate": g["acceptance_rate"],
+                }
+                for i, a in enumerate(g["per_position_acceptance"] or []):
+                    row[f"acceptance_pos_{i + 1}"] = a
+                if category == "all":
+                    row.update(output_tokens_per_s=fig["output_tokens_per_s"], lossless=fig["lossless"])
+                rows.append(row)
+    with atomic_path(out_csv) as tmp:
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+
+
+def request_rows(stored: list[dict]) -> list[dict]:
+    """Each request's own figures (one turn of one prompt of one method)."""
+    rows = []
+    for o in stored:
+        spec = o.get("spec") or {}
+        accepted = spec.get("num_accepted_draft_tokens", 0)
+        tokens = o["completion_tokens"]
+        rows.append(
+            {
+                "method": o["method"],
+                "set": o["set"],
+                "category": o["category"],
+                "id": o["id"],
+                "turn": o["turn"] + 1,
+                "prompt_tokens": o["prompt_tokens"],
+                "output_tokens": tokens,
+                "accepted_tokens": accepted,
+                "draft_tokens": spec.get("num_draft_tokens", 0),
+                "tokens_per_step": tokens / (tokens - accepted) if tokens > accepted else 1.0,
+            }
+        )
+    return rows
+
+
+def write_requests(stored: list[dict], out_csv) -> None:
+    import pandas as pd
+
+    from eaglenest.io import atomic_path
+
+    with atomic_path(out_csv) as tmp:
+        pd.DataFrame(request_rows(stored)).to_csv(tmp, index=False)
+
+
+def plot_requests(stored: list[dict], out_png) -> None:
+    """The spread of tokens per target step across requests, per set and speculating method,
+    and each request's against its prompt length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from eaglenest.io import atomic_path
+
+    df = pd.DataFrame(request_rows(stored))
+    df = df[df["method"].isin([m for m in ("ngram", "draft") if m in set(df["method"])])]
+    fig, (ax_box, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
+    groups = [(s, m) for s in dict.fromkeys(df["set"]) for m in dict.fromkeys(df["method"])]
+    data = [df[(df["set"] == s) & (df["method"] == m)]["tokens_per_step"] for s, m in groups]
+    if groups:
+        ax_box.boxplot(data, showmeans=True)
+        ax_box.set_xticks(range(1, len(groups) + 1), [f"{s}\n{m}" for s, m in groups], fontsize=8)
+    ax_box.set(ylabel="tokens per target step (per request)", title="Across requests (line: median, triangle: mean)")
+    for m, marker in (("ngram", "x"), ("draft", "o")):
+        sub = df[df["method"] == m]
+        if len(sub):
+            ax_len.scatter(
+                sub["prompt_tokens"], sub["tokens_per_step"], s=12, marker=marker, alpha=0.6, label=m
+            )
+    ax_len.set(xlabel="prompt tokens (context the turn was asked with)", ylabel="tokens per target step",
+               title="Against context length")  # fmt: skip
+    if len(df):
+        ax_len.legend(fontsize="small")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+@contextlib.contextmanager
+def method_server(method, target, server_cfg, run_dir, *, k, ngram, draft_dir):
+    """One method's server (reused while its flags match)."""
     from eaglenest.server import serving
 
     base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
@@ -394,33 +666,32 @@ def serve_and_generate(
     with serving(
         spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
     ) as server:
-        return evaluate_method(
-            server,
-            prompts,
-            k=k,
-            max_tokens=max_tokens,
-            concurrency=concurrency,
-            spec_decoding=method != "no_spec",
-            stall_timeout_s=server_cfg["stall_timeout_s"],
-        )
+        yield server
 
 
-def reference_rows(path, prompts: list[dict]) -> list[dict]:
-    """The no_spec outputs an earlier evaluation stored, in the order of `prompts`: they must be
-    for these very prompts, or losslessness would compare different questions."""
+def reference_answers(path, prompts: list[dict], conversations: list[dict]) -> dict:
+    """The no_spec outputs an earlier evaluation stored, by (set, id, turn): they must cover
+    these very prompts and conversations, or losslessness would compare different questions."""
     from eaglenest.errors import EaglenestError
 
     if path is None:
         raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
-    by_id = {r["id"]: r for r in iter_jsonl(path) if r.get("method") == "no_spec"}
-    missing = [p["id"] for p in prompts if p["id"] not in by_id]
+    found = {
+        (r.get("set", HELD_OUT), r["id"], r.get("turn", 0)): r
+        for r in iter_jsonl(path)
+        if r.get("method") == "no_spec"
+    }
+    needed = [(HELD_OUT, p["id"], 0) for p in prompts]
+    needed += [(c["benchmark"], c["id"], t) for c in conversations for t in range(len(c["turns"]))]
+    missing = [key for key in needed if key not in found]
     if missing:
+        where, pid, turn = missing[0]
         raise EaglenestError(
-            f"holds no no_spec output for {len(missing)} of the {len(prompts)} held-out prompts "
-            f"(first: {missing[0]}): it was made for other prompts",
+            f"holds no no_spec output for {len(missing)} of the {len(needed)} prompts evaluated "
+            f"(first: {pid}, turn {turn + 1} of {where}): it was made for other prompts",
             path,
         )
-    return [by_id[p["id"]] for p in prompts]
+    return found
 
 
 def check_template(target, expected_hash: str | None, metadata_path) -> None:

@@ -18,13 +18,12 @@ finds a package's file without importing the package, so planning stays light.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
 
 from eaglenest.errors import EaglenestError
-from eaglenest.io import atomic_path
+from eaglenest.io import atomic_path, installed_package_file
 from eaglenest.shard_check import file_record
 from eaglenest.target import BUILD_MARKER, BUILDERS, check_build_destination
 
@@ -51,16 +50,7 @@ def gguf_source(spec: dict) -> Path:
         if not rel.is_file():
             raise EaglenestError("target.gguf.file: no such file", rel)
         return rel
-    found = importlib.util.find_spec(spec["package"])  # locates it, runs none of its code
-    if found is None or not found.submodule_search_locations:
-        raise EaglenestError(
-            f"target.gguf.package: no installed package {spec['package']!r} (envs/setup.sh installs "
-            "the shipped configs' packages; pip install it for your own)"
-        )
-    path = Path(next(iter(found.submodule_search_locations))) / rel
-    if not path.is_file():
-        raise EaglenestError(f"target.gguf.file: not in package {spec['package']}", path)
-    return path
+    return installed_package_file(spec["package"], rel, what="target.gguf")
 
 
 def supported_architectures() -> list[str]:

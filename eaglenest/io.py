@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -166,3 +167,18 @@ def is_disk_full(error: BaseException) -> bool:
 def reports_disk_full(text: str) -> bool:
     """Whether a message (an error, a log's tail) says the disk or the quota is full."""
     return any(os.strerror(code) in text for code in NO_SPACE)
+
+
+def installed_package_file(package: str, relpath, *, what: str) -> Path:
+    """A data file shipped inside an installed Python package (a GGUF, a benchmark's
+    questions), found without importing the package: none of its code runs."""
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise EaglenestError(
+            f"{what}: no installed package {package!r} (envs/setup.sh installs the shipped "
+            "configs' packages; pip install it for your own)"
+        )
+    path = Path(next(iter(found.submodule_search_locations))) / relpath
+    if not path.is_file():
+        raise EaglenestError(f"{what}: not in package {package}", path)
+    return path

@@ -119,7 +119,7 @@ _SHAREGPT_ROLES = {
 }
 
 
-class _Drop(Exception):
+class UnusableRow(Exception):
     """A row that cannot be used; `reason` is one of DROP_REASONS."""
 
     def __init__(self, reason: str, detail: str = ""):
@@ -133,51 +133,51 @@ class _Drop(Exception):
 
 def _turns(turns, role_key: str, content_key: str, role_map: dict) -> list[dict]:
     if turns is None or isinstance(turns, (str, bytes, dict)):
-        raise _Drop("malformed", "conversation is not a list")
+        raise UnusableRow("malformed", "conversation is not a list")
     try:
         turns = list(turns)
     except TypeError:
-        raise _Drop("malformed", "conversation is not a list") from None
+        raise UnusableRow("malformed", "conversation is not a list") from None
     if not turns:
-        raise _Drop("empty_conversation")
+        raise UnusableRow("empty_conversation")
     out = []
     for turn in turns:
         if not isinstance(turn, dict):
-            raise _Drop("malformed", "a turn is not an object")
+            raise UnusableRow("malformed", "a turn is not an object")
         role, content = turn.get(role_key), turn.get(content_key)
         if not isinstance(role, str):
-            raise _Drop("malformed", f"a turn has no string '{role_key}'")
+            raise UnusableRow("malformed", f"a turn has no string '{role_key}'")
         if not isinstance(content, str):
-            raise _Drop("malformed", f"a turn has no string '{content_key}'")
+            raise UnusableRow("malformed", f"a turn has no string '{content_key}'")
         mapped = role_map.get(role.strip().lower())
         if mapped is None:
-            raise _Drop("unknown_role", f"unknown role {role!r}")
+            raise UnusableRow("unknown_role", f"unknown role {role!r}")
         out.append({"role": mapped, "content": content.strip()})
     return out
 
 
 def normalise_row(row: dict) -> list[dict]:
-    """The prompt messages of one source row; raises `_Drop` when the row is unusable."""
+    """The prompt messages of one source row; raises `UnusableRow` when the row is unusable."""
     if not isinstance(row, dict):
-        raise _Drop("malformed", "row is not an object")
+        raise UnusableRow("malformed", "row is not an object")
     if row.get("messages") is not None:
         turns = _turns(row["messages"], "role", "content", _MESSAGE_ROLES)
     elif row.get("conversations") is not None:
         turns = _turns(row["conversations"], "from", "value", _SHAREGPT_ROLES)
     elif row.get("prompt") is not None:
         if not isinstance(row["prompt"], str):
-            raise _Drop("malformed", "'prompt' is not a string")
+            raise UnusableRow("malformed", "'prompt' is not a string")
         turns = [{"role": "user", "content": row["prompt"].strip()}]
     else:
-        raise _Drop("malformed", "no 'messages', 'conversations' or 'prompt' field")
+        raise UnusableRow("malformed", "no 'messages', 'conversations' or 'prompt' field")
 
     turns = [t for t in turns if not (t["role"] == "system" and not t["content"])]
     last_user = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=None)
     if last_user is None:
-        raise _Drop("no_user_turn")
+        raise UnusableRow("no_user_turn")
     turns = turns[: last_user + 1]
     if any(not t["content"] for t in turns):
-        raise _Drop("empty_content")
+        raise UnusableRow("empty_content")
     return turns
 
 
@@ -307,7 +307,7 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
             n_in += 1
             try:
                 messages = normalise_row(row)
-            except _Drop as d:
+            except UnusableRow as d:
                 drops[d.reason] += 1
                 continue
             pid = prompt_id(messages)

@@ -38,7 +38,8 @@ def gpu_stage_tokens(*, responses_path, plan, metrics, acceptance, metadata) -> 
         "regenerate_responses": (generated, "output tokens"),
         "train_draft": (metadata["tokens_total"] * epochs_run, f"tokens x {epochs_run} epochs"),
         "evaluate_acceptance": (
-            sum(acceptance[m]["output_tokens"] for m in methods),
+            sum(acceptance[m]["output_tokens"] for m in methods)
+            + sum(b[m]["output_tokens"] for b in acceptance.get("benchmarks", {}).values() for m in methods),
             f"output tokens of {len(methods)} methods",
         ),
     }
@@ -110,6 +111,15 @@ def summarize_run(
                 f"{r['mean_acceptance_length']:.3f} / {r['output_tokens_per_s']} / {r['lossless']}",
             )
         )
+    for name, bench in acc.get("benchmarks", {}).items():
+        for method in ("no_spec", "ngram", "untrained_draft", "draft"):
+            r = bench[method]
+            rows.append(
+                (
+                    f"{name} ({bench['conversations']} conversations), {method}: tokens per target step / tokens/s / lossless",
+                    f"{r['mean_acceptance_length']:.3f} / {r['output_tokens_per_s']} / {r['lossless']}",
+                )
+            )
     rows.append(
         (
             "GPU-busy share of this invocation",

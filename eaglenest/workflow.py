@@ -5,6 +5,7 @@ Kept free of heavy imports: the Snakefile imports this module on every `snakemak
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -46,15 +47,77 @@ def run_logged(log_path, fn, *args, **kwargs):
         raise
 
 
-def code_hash(*modules: str) -> str:
-    """Content hash of the package modules a rule runs: edits rerun it, touches do not.
+SCRIPTS_DIR = PACKAGE_DIR.parent / "scripts"
 
-    Snakemake tracks a `script:` file's mtime but not the modules it imports, so each rule
-    carries this as a `params:` entry.
-    """
-    h = hashlib.sha256()
-    for name in sorted(modules):
-        h.update((PACKAGE_DIR / f"{name}.py").read_bytes())
+
+def _source_tree(path: Path):
+    import ast
+
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
+def package_imports(path: Path) -> frozenset[str]:
+    """The eaglenest modules a file imports, wherever the import statement is (many sit inside
+    functions, to keep torch out of planning). A module an engine loads by its name (vLLM's KV
+    connector) is no import: its rule names it in code_hash's `also`."""
+    import ast
+
+    found = set()
+    for node in ast.walk(_source_tree(path)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("eaglenest.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "eaglenest":
+                found |= {a.name for a in node.names if (PACKAGE_DIR / f"{a.name}.py").exists()}
+            elif node.module.startswith("eaglenest."):
+                found.add(node.module.split(".")[1])
+    return frozenset(m for m in found if (PACKAGE_DIR / f"{m}.py").exists())
+
+
+def stage_modules(script: str, leave_out: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> list[str]:
+    """Every eaglenest module a rule's script can run: its imports, theirs, and so on, and the
+    modules in `also` (loaded by name) with theirs. `leave_out` cuts a branch the config does
+    not take (the Kimi builder for the tiny Llama)."""
+    seen: set[str] = set()
+    todo = set(package_imports(SCRIPTS_DIR / f"{script}.py")) | set(also)
+    while todo:
+        name = todo.pop()
+        if name in seen or name in leave_out:
+            continue
+        seen.add(name)
+        todo |= package_imports(PACKAGE_DIR / f"{name}.py")
+    return sorted(seen)
+
+
+@functools.cache
+def _behaviour(path: Path) -> str:
+    """A file's code without its docstrings, comments and layout: what it does."""
+    import ast
+
+    def is_docstring(stmt) -> bool:
+        return (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str)
+        )
+
+    tree = _source_tree(path)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and is_docstring(body[0]):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def code_hash(script: str, leave_out: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> str:
+    """Hash of what a rule's script runs: the script and every eaglenest module it reaches
+    (stage_modules). A `params:` entry, so a change of behaviour there reruns the rule;
+    Snakemake itself tracks the script's file only. Docstrings, comments and formatting are
+    left out: editing them reruns nothing."""
+    h = hashlib.sha256(_behaviour(SCRIPTS_DIR / f"{script}.py").encode())
+    for name in stage_modules(script, leave_out, also):
+        h.update(name.encode() + b"\0" + _behaviour(PACKAGE_DIR / f"{name}.py").encode())
     return h.hexdigest()[:16]
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
+from eaglenest.benchmarks import benchmark_file, check_benchmarks
 from eaglenest.errors import EaglenestError
 from eaglenest.run_estimate import data_loaders, split_gpus
 from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
@@ -29,6 +30,8 @@ BUILD_TINY = bool(config["target"]["build_tiny"])
 # build_tiny's keys have no schema defaults (a default inside a null build_tiny crashes
 # Snakemake's validator), so the builder's defaults are spelt out where they are read.
 TINY_ARCHITECTURE = (config["target"]["build_tiny"] or {}).get("architecture", "llama")
+# Editing the Kimi builder must not rebuild the tiny Llama (tiny_target imports it lazily).
+TINY_BUILDERS_NOT_USED = () if TINY_ARCHITECTURE == "kimi_k25" else ("kimi_mini",)
 # A hub id resolves through the hub cache (the configured one, else huggingface_hub's own).
 TARGET_ON_HUB = on_hub(TARGET, TINY_ARCHITECTURE if BUILD_TINY else None)
 # A target shipped as GGUF: import_gguf_target writes its HF folder at target.path.
@@ -62,8 +65,12 @@ if BUILD_TINY and GGUF:
         f"config {', '.join(CONFIG_FILES)}: target.build_tiny and target.gguf both build "
         "target.path: keep one"
     )
+# Public prompt sets evaluated beside the held-out split; their files are inputs.
+BENCHMARKS = config["evaluate"]["benchmarks"]
 try:
     GGUF_SOURCE = str(gguf_source(GGUF)) if GGUF else None
+    check_benchmarks(BENCHMARKS)
+    BENCHMARK_FILES = [str(benchmark_file(b)) for b in BENCHMARKS]
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
 try:
@@ -130,12 +137,6 @@ def tiny_target_corpus():
     return str(path) if path.is_absolute() else repository_file(path)
 
 
-def tiny_target_code():
-    """Code hash of the builder in use: editing the Kimi builder must not rebuild the Llama."""
-    builder = "kimi_mini" if TINY_ARCHITECTURE == "kimi_k25" else "tiny_target"
-    return code_hash("tiny_target", builder, "target")
-
-
 def prompt_source_files():
     """Local prompt files are inputs, so editing them reruns the data stages."""
     files = []
@@ -160,12 +161,12 @@ def server_params():
     }
 
 
-def train_modules():
-    """The modules train_draft runs: in online and hybrid mode, the server's as well."""
-    modules = ["train", "contracts", "hidden_states", "shard_check", "draft_config", "target"]
-    if HS_MODE != "offline":
-        modules += ["online_data", "server", "cpu_connector"]
-    return modules
+def train_code():
+    """Code hash of train_draft: offline, without the online extraction's modules; online and
+    hybrid with them and the CPU KV connector their server loads by name."""
+    if HS_MODE == "offline":
+        return code_hash("train_draft", leave_out=("online_data",))
+    return code_hash("train_draft", also=("cpu_connector",))
 
 
 def start_run():

@@ -18,7 +18,7 @@ if BUILD_TINY:
             target=TARGET,
             cache_dir=TARGET_CACHE,
             shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
-            code=tiny_target_code(),
+            code=code_hash("build_tiny_target", leave_out=TINY_BUILDERS_NOT_USED),
         script:
             "../scripts/build_tiny_target.py"
 
@@ -35,7 +35,7 @@ elif GGUF:
             f"{RUN}/benchmarks/import_gguf_target.tsv"
         params:
             dtype=GGUF.get("dtype", "bfloat16"),
-            code=code_hash("gguf_target", "target"),
+            code=code_hash("import_gguf_target"),
         script:
             "../scripts/import_gguf_target.py"
 
@@ -71,7 +71,7 @@ rule resolve_target:
         revision=config["target"]["revision"],
         cache_dir=TARGET_CACHE,
         trust_remote_code=config["target"]["trust_remote_code"],
-        code=code_hash("target"),
+        code=code_hash("resolve_target"),
     script:
         "../scripts/resolve_target.py"
 
@@ -91,7 +91,7 @@ rule prepare_prompts:
         sources=config["prompts"]["sources"],
         eval_samples=config["prompts"]["eval_samples"],
         seed=config["prompts"]["seed"],
-        code=code_hash("prompts"),
+        code=code_hash("prepare_prompts"),
     script:
         "../scripts/prepare_prompts.py"
 
@@ -120,7 +120,7 @@ rule regenerate_responses:
         concurrency=config["regenerate"]["concurrency"],
         max_retries=config["regenerate"]["max_retries"],
         request_timeout_s=config["regenerate"]["request_timeout_s"],
-        code=code_hash("regenerate", "server", "target"),
+        code=code_hash("regenerate_responses"),
     script:
         "../scripts/regenerate_responses.py"
 
@@ -145,6 +145,6 @@ rule tokenize:
         overlong=config["tokenize"]["overlong"],
         multi_turn=config["tokenize"]["multi_turn"],
         target_name=config["target"]["name"],
-        code=code_hash("tokenize", "chat_turns", "target"),
+        code=code_hash("tokenize"),
     script:
         "../scripts/tokenize.py"

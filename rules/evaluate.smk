@@ -1,10 +1,29 @@
-# Acceptance in vLLM on the held-out prompts: no speculation, n-gram, untrained and trained draft.
+# Acceptance in vLLM on the held-out prompts and the configured benchmarks: no speculation,
+# n-gram, untrained and trained draft.
+
+
+rule prepare_benchmarks:
+    input:
+        BENCHMARK_FILES,
+    output:
+        conversations=f"{RUN}/prompts/benchmarks.jsonl",
+    log:
+        f"{RUN}/logs/prepare_benchmarks.log",
+    benchmark:
+        f"{RUN}/benchmarks/prepare_benchmarks.tsv"
+    params:
+        specs=BENCHMARKS,
+        seed=config["prompts"]["seed"],
+        code=code_hash("prepare_benchmarks"),
+    script:
+        "../scripts/prepare_benchmarks.py"
 
 
 rule evaluate_acceptance:
     input:
         draft=rules.export_draft.output.draft,
         prompts=rules.prepare_prompts.output.eval,
+        benchmarks=rules.prepare_benchmarks.output.conversations,
         metadata=rules.tokenize.output.metadata,
         target=rules.resolve_target.output.record,
     output:
@@ -14,6 +33,13 @@ rule evaluate_acceptance:
         plot=report(
             f"{RUN}/eval/per_position_acceptance.png",
             caption="../report/per_position_acceptance.rst",
+            category="Acceptance",
+        ),
+        sets=report(f"{RUN}/eval/benchmarks.csv", caption="../report/benchmarks.rst", category="Acceptance"),
+        requests=f"{RUN}/eval/requests.csv",
+        request_plot=report(
+            f"{RUN}/eval/acceptance_by_request.png",
+            caption="../report/acceptance_by_request.rst",
             category="Acceptance",
         ),
     log:
@@ -30,7 +56,7 @@ rule evaluate_acceptance:
         max_tokens=config["evaluate"]["max_tokens"],
         concurrency=config["evaluate"]["concurrency"],
         ngram=config["evaluate"]["ngram"],
-        code=code_hash("evaluate", "server", "tokenize", "target"),
+        code=code_hash("evaluate_acceptance"),
     script:
         "../scripts/evaluate_acceptance.py"
 
@@ -57,6 +83,7 @@ rule run_summary:
             *expand(rules.extract_hidden_states.benchmark, k=range(len(SHARD_DIRS))),
             rules.train_draft.benchmark,
             rules.export_draft.benchmark,
+            rules.prepare_benchmarks.benchmark,
             rules.evaluate_acceptance.benchmark,
         ],
     output:
@@ -68,6 +95,6 @@ rule run_summary:
         f"{RUN}/benchmarks/run_summary.tsv"
     params:
         lr=config["train"]["lr"],
-        code=code_hash("summary", "job_events", "target"),
+        code=code_hash("run_summary"),
     script:
         "../scripts/run_summary.py"

@@ -22,7 +22,7 @@ rule plan_hidden_states:
         mode=HS_MODE,
         data_loaders=data_loaders(config),
         disk_margin_gb=config["hidden_states"]["disk_margin_gb"],
-        code=code_hash("hidden_states", "draft_config", "run_estimate", "target"),
+        code=code_hash("plan_hidden_states"),
     script:
         "../scripts/plan_hidden_states.py"
 
@@ -49,14 +49,7 @@ rule extract_hidden_states:
         backend=config["hidden_states"]["backend"],
         concurrency=config["hidden_states"]["concurrency"],
         server=server_params(),
-        code=code_hash(
-            "hidden_states",
-            "draft_config",
-            "run_estimate",
-            "shard_check",
-            "server",
-            "cpu_connector",
-            "target",
-        ),
+        # The server loads the CPU KV connector by its module path: no import names it.
+        code=code_hash("extract_hidden_states", also=("cpu_connector",)),
     script:
         "../scripts/extract_hidden_states.py"

@@ -77,6 +77,7 @@ use rule evaluate_acceptance as evaluate_acceptance_variant with:
     input:
         draft=rules.export_draft_variant.output.draft,
         prompts=rules.prepare_prompts.output.eval,
+        benchmarks=rules.prepare_benchmarks.output.conversations,
         metadata=rules.tokenize.output.metadata,
         target=rules.resolve_target.output.record,
         # no_spec's outputs, which the variant's must equal: the run's own evaluation ran it.
@@ -86,6 +87,9 @@ use rule evaluate_acceptance as evaluate_acceptance_variant with:
         outputs=f"{VARIANT_DIR}/eval/outputs.jsonl",
         table=f"{VARIANT_DIR}/eval/acceptance.csv",
         plot=f"{VARIANT_DIR}/eval/per_position_acceptance.png",
+        sets=f"{VARIANT_DIR}/eval/benchmarks.csv",
+        requests=f"{VARIANT_DIR}/eval/requests.csv",
+        request_plot=f"{VARIANT_DIR}/eval/acceptance_by_request.png",
     log:
         f"{RUN}/logs/variants/{{variant}}/evaluate_acceptance.log",
     benchmark:
@@ -138,6 +142,6 @@ rule compare_variants:
         settings=[v.settings for v in VARIANTS],
         base=[v.is_base for v in VARIANTS],
         swept=SWEPT,
-        code=code_hash("sweep", "evaluate", "summary"),
+        code=code_hash("compare_variants"),
     script:
         "../scripts/compare_variants.py"

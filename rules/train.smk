@@ -35,7 +35,7 @@ rule train_draft:
         # Offline training starts no server: its settings must not retrain it.
         server=server_params() if HS_MODE != "offline" else None,
         server_gpus=config["hidden_states"]["server_gpus"] if HS_MODE != "offline" else None,
-        code=code_hash(*train_modules()),
+        code=train_code(),
     script:
         "../scripts/train_draft.py"
 
@@ -55,6 +55,6 @@ rule export_draft:
         f"{RUN}/benchmarks/export_draft.tsv"
     params:
         max_model_len=config["vllm"]["max_model_len"],
-        code=code_hash("export", "target"),
+        code=code_hash("export_draft"),
     script:
         "../scripts/export_draft.py"

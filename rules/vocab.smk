@@ -21,7 +21,7 @@ rule build_vocab_mapping:
     params:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         always_keep_ids=config["vocab"]["always_keep_ids"],
-        code=code_hash("vocab", "target"),
+        code=code_hash("build_vocab_mapping"),
     script:
         "../scripts/build_vocab_mapping.py"
 
@@ -40,6 +40,6 @@ rule draft_config:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         draft_layers=config["train"]["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
-        code=code_hash("draft_config", "target"),
+        code=code_hash("draft_config"),
     script:
         "../scripts/draft_config.py"

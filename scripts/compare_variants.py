@@ -1,6 +1,6 @@
-"""Snakemake adapter for `compare_variants`: see eaglenest.sweep."""
+"""Snakemake adapter for `compare_variants`: see eaglenest.variant_comparison."""
 
-from eaglenest.sweep import compare_stage
+from eaglenest.variant_comparison import compare_stage
 from eaglenest.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive

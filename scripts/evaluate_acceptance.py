@@ -14,6 +14,7 @@ run_logged(
     target=load_target(sm.input.target),
     draft_dir=sm.input.draft,
     prompts_path=sm.input.prompts,
+    benchmarks_path=sm.input.benchmarks,
     metadata_path=sm.input.metadata,
     server_cfg=dict(p.server),
     k=p.k,
@@ -24,6 +25,9 @@ run_logged(
     out_csv=sm.output.table,
     out_png=sm.output.plot,
     out_outputs=sm.output.outputs,
+    out_sets=sm.output.sets,
+    out_requests=sm.output.requests,
+    out_request_png=sm.output.request_plot,
     methods=tuple(p.methods),
     # A sweep's variant evaluates its draft alone; the run's own evaluation holds no_spec's outputs.
     reference_outputs=sm.input.get("reference"),

@@ -3,6 +3,8 @@ config's `gpus`, before any rank or server starts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -35,3 +37,95 @@ def test_without_cuda_visible_devices_the_gpus_torch_sees_count(monkeypatch):
 def test_the_job_takes_the_first_gpus_it_was_given(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert gpu_split(4, 1) == ("4", "5,6,7")
+
+
+def yarn_target(tmp_path, drop=(), **text):
+    """A Kimi-K2.5-shaped config.json: a DeepSeek-V3 text model with YaRN in the legacy keys."""
+    text_config = {
+        "model_type": "deepseek_v3",
+        "vocab_size": 1280,
+        "hidden_size": 64,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "rope_theta": 50000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        **text,
+    }
+    for key in drop:
+        del text_config[key]
+    folder = tmp_path / "target"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "kimi_k25",
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "text_config": text_config,
+            }
+        )
+    )
+    return folder, text_config
+
+
+def test_the_draft_keeps_the_targets_yarn_as_transformers_reads_it(tmp_path):
+    from transformers import DeepseekV3Config, LlamaConfig
+
+    from eaglenest.draft_config import draft_config_stage
+
+    folder, text = yarn_target(tmp_path)
+    cfg = draft_config_stage(
+        folder, tmp_path / "draft.json", aux_layer_ids=None, draft_vocab_size=64, max_position_embeddings=2048
+    )
+    reference = DeepseekV3Config(**{k: v for k, v in text.items() if k != "model_type"}).rope_parameters
+    assert cfg["rope_parameters"] == {k: v for k, v in reference.items() if k != "type"}
+    # The trainer's config class reads it as the target's YaRN, not a default rope.
+    assert (
+        LlamaConfig(**{k: v for k, v in cfg.items() if k != "eaglenest"}).rope_parameters["rope_type"]
+        == "yarn"
+    )
+    assert cfg["max_position_embeddings"] == 4096
+    derived = cfg["eaglenest"]["derived"]
+    assert "head_dim" in derived and "rope_scaling and rope_theta" in derived["rope_parameters"]
+
+
+def test_a_target_shape_the_draft_cannot_take_is_refused(tmp_path):
+    from eaglenest.draft_config import draft_config_stage
+
+    folder, _ = yarn_target(tmp_path, rope_scaling={"type": "mrope", "mrope_section": [8, 12, 12]})
+    with pytest.raises(EaglenestError, match=r"config.json: the target uses multimodal rope"):
+        draft_config_stage(folder, tmp_path / "d.json", aux_layer_ids=None, draft_vocab_size=64)
+    assert not (tmp_path / "d.json").exists()
+    (tmp_path / "target").rename(tmp_path / "old")
+    folder, _ = yarn_target(tmp_path, drop=["rms_norm_eps"])
+    with pytest.raises(EaglenestError, match=r"config.json: the target's text config has no rms_norm_eps"):
+        draft_config_stage(folder, tmp_path / "d.json", aux_layer_ids=None, draft_vocab_size=64)
+
+
+def test_at_tensor_parallel_a_draft_is_judged_against_ngrams_noise_floor():
+    from eaglenest.evaluate import judge_against_noise_floor, ngram_identical_fraction
+
+    answers = {("held_out", str(i), 0): {"token_ids": [i], "text": "t"} for i in range(32)}
+    # n-gram (lossless by construction) differs on 6 of 32 prompts: the engine's own noise.
+    ngram = [{"method": "ngram", "id": str(i), "token_ids": [i if i >= 6 else -1], "text": "t"} for i in range(32)]
+    floor = ngram_identical_fraction(ngram, answers)
+    assert floor == 26 / 32
+    results = {
+        "ngram": {"identical_fraction": floor, "lossless": False},
+        "draft": {"identical_fraction": 24 / 32, "lossless": False},
+        "untrained_draft": {"identical_fraction": 10 / 32, "lossless": False},
+    }
+    judge_against_noise_floor(results, floor, 32)
+    assert results["draft"]["lossless"] and not results["draft"]["lossless_bit_exact"]
+    assert not results["untrained_draft"]["lossless"]  # far below the floor: a speculation bug
+    assert results["ngram"] == {"identical_fraction": floor, "lossless": False}

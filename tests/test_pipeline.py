@@ -59,6 +59,58 @@ def test_speculation_is_lossless(default_run):
         assert acc[method]["lossless"], (method, acc[method]["prompts_differing"])
 
 
+def test_mt_bench_is_evaluated_turn_by_turn_beside_the_held_out_split(default_run):
+    """The default config evaluates 16 of MT-Bench's questions, both turns, every method: per
+    category in benchmarks.csv, per request in requests.csv, the second turn asked after
+    no_spec's own first answer."""
+    import pandas as pd
+
+    run, methods = default_run["run_dir"], ("no_spec", "ngram", "untrained_draft", "draft")
+    (spec,) = default_run["config"]["evaluate"]["benchmarks"]
+    mt = json.loads((run / "eval" / "acceptance.json").read_text())["benchmarks"]["mt_bench"]
+    assert mt["conversations"] == spec["samples"]
+    for method in ("ngram", "untrained_draft", "draft"):
+        assert mt[method]["lossless"], (method, mt[method]["prompts_differing"])
+        assert mt[method]["per_position_acceptance"] is not None
+    requests = pd.read_csv(run / "eval" / "requests.csv", dtype={"id": str})
+    on_mt = requests[requests["set"] == "mt_bench"]
+    cut = len(mt["draft"]["conversations_cut_too_long"])
+    assert set(on_mt["turn"]) == {1, 2} and (on_mt["turn"] == 1).sum() == 4 * spec["samples"]
+    assert len(on_mt) == 4 * (2 * spec["samples"] - cut) and set(on_mt["method"]) == set(methods)
+    # A second turn carries the first and its answer: a longer prompt than its first turn.
+    turns = (
+        on_mt[on_mt["method"] == "draft"].pivot(index="id", columns="turn", values="prompt_tokens").dropna()
+    )
+    assert len(turns) and (turns[2] > turns[1]).all()
+    # vLLM rendered the second turn with no_spec's first answer in it, to the token.
+    from transformers import AutoTokenizer
+
+    from eaglenest.benchmarks import turn_messages
+
+    tok = AutoTokenizer.from_pretrained(run / "target")
+    convs = {c["id"]: c for c in read_jsonl(run / "prompts" / "benchmarks.jsonl")}
+    for conv_id in turns.index[:4]:
+        first = conversation_turn(run, "no_spec", conv_id)
+        messages = turn_messages(convs[conv_id], 1, [first["text"]])
+        rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert len(tok(rendered, add_special_tokens=False)["input_ids"]) == turns.loc[conv_id, 2]
+    table = pd.read_csv(run / "eval" / "benchmarks.csv")
+    assert {"held_out", "mt_bench"} == set(table["set"])
+    categories = set(table[(table["set"] == "mt_bench")]["category"])
+    assert "all" in categories and len(categories) > 2
+    overall = table[
+        (table["set"] == "mt_bench") & (table["category"] == "all") & (table["method"] == "draft")
+    ]
+    assert overall["mean_acceptance_length"].item() == pytest.approx(mt["draft"]["mean_acceptance_length"])
+
+
+def conversation_turn(run, method, conv_id, turn=0):
+    rows = read_jsonl(run / "eval" / "outputs.jsonl")
+    return next(
+        r for r in rows if (r["method"], r["set"], r["id"], r["turn"]) == (method, "mt_bench", conv_id, turn)
+    )
+
+
 def test_vocab_mapping_files_follow_the_speculators_format(default_run):
     vocab = default_run["run_dir"] / "vocab"
     n = default_run["config"]["vocab"]["draft_vocab_size"]
@@ -241,6 +293,8 @@ def test_report_renders_after_a_run(default_run):
         "train_curves.png",
         "acceptance.csv",
         "per_position_acceptance.png",
+        "benchmarks.csv",
+        "acceptance_by_request.png",
         "run_summary.csv",
         "stage_times.csv",
     ):

@@ -13,14 +13,8 @@ import pytest
 from conftest import default_config, job_timeline, planned_jobs, snakemake, write_config
 
 from eaglenest.errors import EaglenestError
-from eaglenest.sweep import (
-    compare_stage,
-    fit_data_scaling,
-    plan_variants,
-    train_hp,
-    training_subset,
-    validation_estimate,
-)
+from eaglenest.sweep import plan_variants, train_hp, training_subset
+from eaglenest.variant_comparison import compare_stage, fit_data_scaling, validation_estimate
 
 VARIANT_RULES = {
     "build_vocab_mapping_variant",
@@ -211,19 +205,23 @@ def test_comparison_sets_each_variant_beside_the_trainers_estimate(tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_variants_reference_outputs_must_cover_its_prompts(tmp_path):
-    from eaglenest.evaluate import reference_rows
+def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path):
+    from eaglenest.evaluate import reference_answers
 
     ref = tmp_path / "outputs.jsonl"
-    ref.write_text(
-        json.dumps({"method": "no_spec", "id": "a", "token_ids": [1], "text": "x"})
-        + "\n"
-        + json.dumps({"method": "draft", "id": "b", "token_ids": [1], "text": "x"})
-        + "\n"
-    )
-    assert [r["id"] for r in reference_rows(ref, [{"id": "a"}])] == ["a"]
-    with pytest.raises(EaglenestError, match=r"outputs.jsonl.*no no_spec output for 1 of the 2"):
-        reference_rows(ref, [{"id": "a"}, {"id": "b"}])
+    rows = [
+        {"method": "no_spec", "id": "a", "token_ids": [1], "text": "x"},  # an older file: no set
+        {"method": "draft", "id": "b", "token_ids": [1], "text": "x"},
+        {"method": "no_spec", "set": "mt", "id": "q1", "turn": 0, "token_ids": [2], "text": "y"},
+    ]
+    ref.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    conv = {"benchmark": "mt", "id": "q1", "turns": ["first", "second"]}
+    found = reference_answers(ref, [{"id": "a"}], [{**conv, "turns": ["first"]}])
+    assert found[("held_out", "a", 0)]["text"] == "x" and found[("mt", "q1", 0)]["text"] == "y"
+    with pytest.raises(EaglenestError, match=r"outputs.jsonl.*no no_spec output for 1 of the 2 .*first: b"):
+        reference_answers(ref, [{"id": "a"}, {"id": "b"}], [])
+    with pytest.raises(EaglenestError, match=r"no no_spec output for 1 of the 3 .*q1, turn 2 of mt"):
+        reference_answers(ref, [{"id": "a"}], [conv])
 
 
 def test_a_subset_links_each_picked_row_to_its_own_hidden_states(tmp_path):

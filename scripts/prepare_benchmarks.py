@@ -1,0 +1,14 @@
+"""Snakemake adapter for the prepare_benchmarks stage: see eaglenest.benchmarks."""
+
+from eaglenest.benchmarks import prepare_benchmarks_stage
+from eaglenest.workflow import run_logged
+
+sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
+run_logged(
+    sm.log[0],
+    prepare_benchmarks_stage,
+    specs=[dict(s) for s in sm.params.specs],
+    files=list(sm.input),
+    seed=sm.params.seed,
+    out_path=sm.output.conversations,
+)

