@@ -4,8 +4,10 @@ returns it with --per-request-spec-decode-metrics, for the parsing test in test_
     .venv/bin/python tests/data/record_spec_response.py <target folder> <scratch folder>
 
 It serves the target (SmolLM2-135M-Instruct as config/smollm2.yaml imports it, for the recorded
-file) with n-gram speculation at k = 3 and asks MT-Bench's first question, greedy, 64 tokens, as
-eaglenest's evaluation does (eaglenest.evaluate.generate).
+file) with n-gram speculation at k = 3 and asks MT-Bench's first question, then its second turn
+("Rewrite your previous response...", which n-gram drafts from) after the served answer, greedy,
+96 tokens each, as eaglenest's evaluation does (eaglenest.evaluate.generate). The second
+response is recorded.
 """
 
 import json
@@ -26,13 +28,16 @@ with serving(spec, scratch, reuse=False, timeout_s=1200) as server:
     import openai
 
     client = openai.OpenAI(base_url=server.api_url, api_key=server.client_key)
-    response = client.chat.completions.create(
-        model=SERVED_NAME,
-        messages=turn_messages(first, 0, []),
-        max_tokens=64,
-        temperature=0.0,
-        extra_body={"return_token_ids": True},
-    )
+    answers = []
+    for turn in range(2):
+        response = client.chat.completions.create(
+            model=SERVED_NAME,
+            messages=turn_messages(first, turn, answers),
+            max_tokens=96,
+            temperature=0.0,
+            extra_body={"return_token_ids": True},
+        )
+        answers.append(response.choices[0].message.content)
 out = Path(__file__).resolve().parent / "vllm_chat_response_spec_metrics.json"
 out.write_text(json.dumps(response.model_dump(), indent=1) + "\n")
 print(json.dumps(response.model_dump().get("metrics"), indent=1))
