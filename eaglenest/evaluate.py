@@ -639,7 +639,9 @@ def plot_requests(stored: list[dict], out_png) -> None:
     if groups:
         ax_box.boxplot(data, showmeans=True)
         ax_box.set_xticks(range(1, len(groups) + 1), [f"{s}\n{m}" for s, m in groups], fontsize=8)
-    ax_box.set(ylabel="tokens per target step (per request)", title="Across requests (line: median, triangle: mean)")
+    ax_box.set(
+        ylabel="tokens per target step (per request)", title="Across requests (line: median, triangle: mean)"
+    )
     for m, marker in (("ngram", "x"), ("draft", "o")):
         sub = df[df["method"] == m]
         if len(sub):

@@ -117,7 +117,9 @@ def test_at_tensor_parallel_a_draft_is_judged_against_ngrams_noise_floor():
 
     answers = {("held_out", str(i), 0): {"token_ids": [i], "text": "t"} for i in range(32)}
     # n-gram (lossless by construction) differs on 6 of 32 prompts: the engine's own noise.
-    ngram = [{"method": "ngram", "id": str(i), "token_ids": [i if i >= 6 else -1], "text": "t"} for i in range(32)]
+    ngram = [
+        {"method": "ngram", "id": str(i), "token_ids": [i if i >= 6 else -1], "text": "t"} for i in range(32)
+    ]
     floor = ngram_identical_fraction(ngram, answers)
     assert floor == 26 / 32
     results = {
