@@ -21,6 +21,7 @@ import random
 import time
 from pathlib import Path
 
+from eaglenest.errors import EaglenestError
 from eaglenest.io import iter_jsonl, room_for, write_jsonl
 from eaglenest.server import SERVED_NAME, Server, StallWatch
 
@@ -105,11 +106,26 @@ class Progress:
 class RequestFailed(Exception):
     """The server answered a request with an HTTP error (its status and message)."""
 
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        # A rejected request (a prompt over max_model_len, a bad parameter) fails the same
+        # way every time; a timeout, a rate limit or a server error may not.
+        return self.status >= 500 or self.status in (408, 429)
+
+
+# Above this share of failed prompts the stage fails: the training data would be mostly
+# missing, which would otherwise surface stages later (an all-zero vocabulary count).
+MAX_FAILED_SHARE = 0.5
+
 
 async def _chat(session, url: str, body: dict) -> dict:
     async with session.post(url, json=body) as res:
         if res.status >= 400:
-            raise RequestFailed(f"HTTP {res.status}: {(await res.text())[:500]}")
+            raise RequestFailed(res.status, (await res.text())[:500])
         return await res.json()
 
 
@@ -153,7 +169,7 @@ async def _answer(
             return {"id": prompt["id"], "responses": responses}
         except (aiohttp.ClientError, asyncio.TimeoutError, RequestFailed) as e:
             watch.check(e)  # a dead or hung server is not worth retrying
-            if attempt == max_retries:
+            if attempt == max_retries or (isinstance(e, RequestFailed) and not e.retryable):
                 return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
             log.warning(
                 "prompt %s: attempt %d failed (%s: %s); retrying in %.0f s",
@@ -265,6 +281,7 @@ def regenerate_responses(
         for row in _progress_records(pfile):
             if row["id"] not in final or "error" in final[row["id"]]:
                 final[row["id"]] = row
+        check_failures(prompts, final, pfile)
         write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
     failed = sum("error" in final[p["id"]] for p in prompts)
     counts = {
@@ -277,6 +294,19 @@ def regenerate_responses(
     }
     log.info("regeneration done: %s", counts)
     return counts
+
+
+def check_failures(prompts: list[dict], final: dict[str, dict], progress_file) -> None:
+    """Refuse a regeneration that lost most of its prompts, before its output is written (the
+    answers stay in the progress file: a rerun sends only the failed prompts)."""
+    failed = [p["id"] for p in prompts if "error" in final[p["id"]]]
+    if prompts and len(failed) > MAX_FAILED_SHARE * len(prompts):
+        raise EaglenestError(
+            f"{len(failed)} of {len(prompts)} prompts failed (more than {MAX_FAILED_SHARE:.0%}); "
+            f"the first, {failed[0]}: {final[failed[0]]['error']}. Fix the cause and rerun: the "
+            "answered prompts are kept",
+            progress_file,
+        )
 
 
 def regenerate_stage(

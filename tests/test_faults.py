@@ -597,3 +597,48 @@ def test_the_slurm_profile_asks_for_sigterm_before_the_time_limit_and_requeues()
     # No rule replaces the flags without the signal.
     for rule, res in profile.get("set-resources", {}).items():
         assert "--signal=TERM@" in res.get("slurm_extra", "--signal=TERM@"), rule
+
+
+def test_a_regeneration_that_loses_most_prompts_fails_at_once_and_never_retries_a_rejection(tmp_path):
+    """A 400 (here: every prompt over the server's max_model_len) is final: no retries; when
+    more than half the prompts fail the stage fails naming the first error, writing no
+    output, instead of an empty training set surfacing stages later."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from eaglenest.regenerate import regenerate_responses
+
+    posts = []
+
+    class Rejecting(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            body = b'{"error": {"message": "This model\'s maximum context length is 16 tokens"}}'
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Rejecting)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    log = tmp_path / "server.log"
+    log.write_text("")
+    server = Server(pid=os.getpid(), port=httpd.server_address[1], key="fake", log_path=str(log))
+    out = tmp_path / "raw_responses.jsonl"
+    kw = {"target": "org/model", "sampling": {}, "concurrency": 2, "max_retries": 3, "request_timeout_s": 5.0}
+    try:
+        with pytest.raises(
+            EaglenestError, match=r"4 of 4 prompts failed .*HTTP 400: .*maximum context length"
+        ):
+            regenerate_responses(
+                server, _prompts(tmp_path, 4), out, tmp_path / "run", stall_timeout_s=30.0, **kw
+            )
+    finally:
+        httpd.shutdown()
+    assert len(posts) == 4  # one attempt each: a rejection is not retried
+    assert not out.exists()
