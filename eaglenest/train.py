@@ -446,6 +446,8 @@ def train_stage(
     )
     work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
     data_dir, save_path = work / "data", work / "checkpoints"
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / OWNER_FILE, {"output": str(Path(out_checkpoint).resolve()), "spec": key})
     kept = kept_hidden_states(run_dir, spec_key(hs_key)) if hs_mode == "hybrid" else None
     # A sweep's data_fraction: a nested subset of the training rows, validation rows kept whole.
     num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
@@ -513,7 +515,7 @@ def train_stage(
             shutil.copy(last / name, tmp / name)
     metrics = collect_metrics(metrics_file)
     summary = {
-        "epochs": len(final),
+        "epochs": final[-1] + 1,  # epochs count from 0; earlier ones' checkpoints are pruned
         "resumed_from_epoch": done[-1] if done else None,
         "final_epoch": final[-1],
         "hidden_states_mode": hs_mode,
@@ -526,7 +528,45 @@ def train_stage(
         summary["hidden_states_kept"] = len(list(kept.glob("hs_*.safetensors")))
     write_json(out_metrics, summary)
     plot_curves(metrics, out_curves)
+    prune_after_training(work, save_path, out_checkpoint)
     return summary
+
+
+# Names the output a training folder trains for, so a later spec for it can prune this one.
+OWNER_FILE = "owner.json"
+
+
+def prune_after_training(work: Path, save_path: Path, out_checkpoint) -> int:
+    """Once a spec's training is whole and kept in its output: the folders of earlier specs
+    for the same output (a changed hyperparameter, a sweep variant's new settings), which no
+    variant of the config trains any more, and this spec's checkpoints before its last epoch
+    (each holds the optimizer state; speculators 0.9.0 also saves the frozen target embedding
+    in every one: about 2.35 GB at Kimi's shape). Returns the bytes freed."""
+    from eaglenest.io import human_bytes, read_json
+
+    owner = str(Path(out_checkpoint).resolve())
+    stale = [
+        other
+        for other in work.parent.iterdir()
+        if other != work
+        and (other / OWNER_FILE).is_file()
+        and read_json(other / OWNER_FILE).get("output") == owner
+    ]
+    last = epochs_done(save_path)[-1]
+    stale += [p for p in save_path.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) != last]
+    freed = 0
+    for folder in stale:
+        freed += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(folder)
+    # speculators' links to its checkpoints (epoch<N>_end, checkpoint_best) that now point nowhere.
+    for link in save_path.iterdir():
+        if link.is_symlink() and not link.exists():
+            link.unlink()
+    if stale:
+        log.info(
+            "pruned %d superseded training folders and checkpoints: %s freed", len(stale), human_bytes(freed)
+        )
+    return freed
 
 
 def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None, rows=None) -> Path:

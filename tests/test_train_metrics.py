@@ -86,3 +86,47 @@ def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
     assert "torch.distributed.run" not in trainer_command(args, gpus=1)
     # The remote-code flag reaches speculators, and a mask token spares it the processor.
     assert "--trust-remote-code" in args and args[args.index("--mask-token-id") + 1] == "0"
+
+
+def whole_checkpoint(folder, size: int = 1000):
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(size)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    torch.save({"step": 1}, folder / "optimizer_state_dict.pt")
+
+
+def test_a_finished_training_prunes_superseded_specs_and_its_earlier_epochs(tmp_path):
+    """A sweep of 4 variants, each retrained once with a new setting: the old specs' folders go,
+    other variants' stay, and of the finished spec only its last epoch is kept."""
+    from eaglenest.train import OWNER_FILE, epochs_done, prune_after_training
+
+    train = tmp_path / ".eaglenest" / "train"
+    outputs = [tmp_path / "variants" / f"v{i}" / "train" / "checkpoint" for i in range(4)]
+    for i, out in enumerate(outputs):
+        for spec in (f"old{i}", f"new{i}"):
+            work = train / spec
+            for epoch in range(3):
+                whole_checkpoint(work / "checkpoints" / str(epoch))
+                (work / "checkpoints" / f"epoch{epoch}_end").symlink_to(
+                    str(epoch)
+                )  # as speculators links them
+            (work / "checkpoints" / "checkpoint_best").symlink_to("1")
+            (work / OWNER_FILE).write_text(json.dumps({"output": str(out.resolve()), "spec": spec}))
+    shard = tmp_path / "hidden_states" / "hs_0.safetensors"  # trained-on data: linked, never deleted
+    shard.parent.mkdir()
+    shard.write_bytes(b"x" * 100)
+    (train / "new0" / "data").mkdir()
+    (train / "new0" / "data" / "hs_0.safetensors").symlink_to(shard)
+
+    def held():
+        return sum(f.stat().st_size for f in train.rglob("*") if f.is_file() and not f.is_symlink())
+
+    before = held()
+    freed = prune_after_training(train / "new0", train / "new0" / "checkpoints", outputs[0])
+    assert sorted(p.name for p in train.iterdir()) == ["new0", "new1", "new2", "new3", "old1", "old2", "old3"]
+    assert epochs_done(train / "new0" / "checkpoints") == [2]
+    assert sorted(p.name for p in (train / "new0" / "checkpoints").iterdir()) == ["2", "epoch2_end"]
+    assert freed == before - held() > 0 and shard.read_bytes() == b"x" * 100
