@@ -304,6 +304,9 @@ def checkpoint_bytes(save_path, draft_config: dict) -> int:
 
 
 def main(argv: list[str]) -> None:
+    from eaglenest.speculators_internals import check_internals
+
+    check_internals()
     patch_for_cpu()
     # Unset when the command in a checkpoint's train_command.txt is replayed by hand.
     if os.environ.get(METRICS_FILE_ENV):
@@ -412,9 +415,11 @@ def train_stage(
     from eaglenest.run_estimate import job_gpus
     from eaglenest.server import Lease
     from eaglenest.shard_check import verify_shards
+    from eaglenest.speculators_internals import check_internals
     from eaglenest.sweep import training_subset
     from eaglenest.workflow import resolve_device
 
+    check_internals()  # before any input is checked or linked: a speculators that moved fails first
     offline = hs_mode == "offline"
     if offline:
         # A file truncated or corrupted after its shard finished must fail here, naming the
