@@ -140,12 +140,14 @@ def test_training_refuses_a_truncated_shard_before_it_starts_anything(shards, tm
 # 4. A server that hangs: alive, accepting connections, never answering
 
 # An OpenAI-style server on PORT (0: any) that answers its first ANSWER requests, then accepts and
-# never replies. Like vLLM given VLLM_API_KEY, it wants that token on /v1 (401 otherwise).
+# never replies. Like vLLM given VLLM_API_KEY, it wants that token on /v1 (401 otherwise). Each
+# request it receives is a line in the file REQUESTS, so a test waits for it, not for a time.
 FAKE_SERVER = """
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 answer, port, seen = int(sys.argv[1]), int(sys.argv[2]), [0]
 content = "x" * int(sys.argv[3]) if len(sys.argv) > 3 else "ok"
+requests_log = sys.argv[4] if len(sys.argv) > 4 else os.devnull
 key = os.environ.get("VLLM_API_KEY", "")
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
@@ -155,6 +157,8 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         seen[0] += 1
+        with open(requests_log, "a") as f:
+            f.write(self.path + "\\n")
         if seen[0] > answer:
             time.sleep(3600)
         body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "target",
@@ -171,7 +175,15 @@ s.serve_forever()
 @contextlib.contextmanager
 def fake_server(tmp_path, answer: int, api_key: str = "", answer_chars: int = 2):
     env = {**os.environ, "VLLM_API_KEY": api_key}
-    cmd = [sys.executable, "-c", FAKE_SERVER, str(answer), "0", str(answer_chars)]
+    cmd = [
+        sys.executable,
+        "-c",
+        FAKE_SERVER,
+        str(answer),
+        "0",
+        str(answer_chars),
+        str(tmp_path / "fake-requests.log"),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         port = int(proc.stdout.readline())
@@ -181,6 +193,14 @@ def fake_server(tmp_path, answer: int, api_key: str = "", answer_chars: int = 2)
     finally:
         proc.kill()
         proc.wait()
+
+
+def wait_for_requests(tmp_path, n: int, proc, timeout_s: float = 60) -> None:
+    """Until the fake server has received `n` requests (the stage process still running)."""
+    log, deadline = tmp_path / "fake-requests.log", time.monotonic() + timeout_s
+    while not (log.exists() and len(log.read_text().splitlines()) >= n):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def _prompts(tmp_path, n: int):
@@ -542,11 +562,11 @@ def test_sigterm_unwinds_a_stage_at_once_and_keeps_its_progress(tmp_path):
         args = {"log": str(stage_log), "server": dataclasses.asdict(server), "prompts": str(prompts), "out": str(out), "run_dir": str(run_dir)}  # fmt: skip
         proc = subprocess.Popen([sys.executable, "-c", STAGE, json.dumps(args)])
         pfile = progress_path(run_dir, server.key, {}, "org/model")
+        wait_for_requests(tmp_path, 4, proc)  # three answered, the fourth in flight
         deadline = time.monotonic() + 60
         while not (pfile.exists() and len(pfile.read_text().splitlines()) == 3):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(0.3)  # the fourth request is in flight
         proc.terminate()
         t0 = time.monotonic()
         assert proc.wait(timeout=30) == 128 + 15
@@ -579,8 +599,7 @@ def test_sigterm_ends_a_stage_whose_threads_wait_on_requests(tmp_path):
             "prompts": str(_prompts(tmp_path, 4)),
         }
         proc = subprocess.Popen([sys.executable, "-c", THREADED_STAGE, json.dumps(args)])
-        time.sleep(3)  # imports done, two requests in flight
-        assert proc.poll() is None
+        wait_for_requests(tmp_path, 2, proc)  # two requests in flight (concurrency 2)
         proc.terminate()
         t0 = time.monotonic()
         assert proc.wait(timeout=30) == 128 + 15

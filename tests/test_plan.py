@@ -188,9 +188,7 @@ def test_job_events_of_a_killed_run_have_no_end_and_their_heartbeat_dates_the_ki
 
 
 def test_fresh_default_plan(workflow, monkeypatch, capsys):
-    started = time.perf_counter()
-    plan = make_plan(cwd=workflow)
-    assert time.perf_counter() - started < 30
+    plan = make_plan(cwd=workflow)  # how fast: benchmarks/bench_planning.py
     assert not (workflow / "results").exists()  # a dry run writes nothing
     rules = [s["rule"] for s in plan["stages"]]
     assert set(rules) >= {

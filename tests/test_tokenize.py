@@ -508,6 +508,7 @@ def test_snakemake_adapter(tmp_path, make_target):
 
 def test_tiny_target(tmp_path):
     from eaglenest.tiny_target import build_tiny_target  # part of the package: a failed import is a failure
+
     prompts = write_rows(tmp_path / "prompts.jsonl", [
         {"id": str(i), "messages": [{"role": "user", "content": c}]} for i, c in enumerate(CORPUS)
     ])  # fmt: skip
