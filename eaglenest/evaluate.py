@@ -6,6 +6,11 @@ speculation, an untrained draft (the floor) and the trained draft, each with the
 read before and after, so only this run's requests count). Speculation must be lossless: each
 method's greedy outputs are compared with those of no speculation. A sweep's variant serves its
 trained draft alone and is compared with the run's own no-speculation outputs.
+
+Each method also answers the configured benchmarks (eaglenest.benchmarks: MT-Bench and local
+sets), turn by turn, on the same server; their figures come from each response's own
+spec-decode metrics (`--per-request-spec-decode-metrics`), so they break down by benchmark,
+category, turn and request.
 """
 
 from __future__ import annotations
