@@ -237,34 +237,31 @@ def judge_against_noise_floor(results: dict, floor: float, prompts: int) -> None
         r["noise_floor"] = {"ngram_identical_fraction": floor, "margin": round(margin, 4)}
 
 
-def ngram_identical_fraction(rows: list[dict], answers: dict) -> float | None:
-    """n-gram's share of held-out outputs equal to no speculation's (the noise floor)."""
-    ngram = [r for r in rows if r["method"] == "ngram" and r.get("set", HELD_OUT) == HELD_OUT]
+def ngram_identical_fraction(rows: list[dict], answers: dict, set_name: str = HELD_OUT) -> float | None:
+    """n-gram's share of a set's outputs equal to no speculation's (the noise floor)."""
+    ngram = [r for r in rows if r["method"] == "ngram" and r.get("set", HELD_OUT) == set_name]
     if not ngram:
         return None
-    same = sum(
-        (r["token_ids"], r["text"])
-        == (answers[(HELD_OUT, r["id"], 0)]["token_ids"], answers[(HELD_OUT, r["id"], 0)]["text"])
-        for r in ngram
-    )
+    same = 0
+    for r in ngram:
+        ref = answers[(set_name, r["id"], r.get("turn", 0))]
+        same += (r["token_ids"], r["text"]) == (ref["token_ids"], ref["text"])
     return same / len(ngram)
 
 
-def lossless_meaning(base_args) -> str:
-    """What `identical_fraction` can prove on this server: bit-identical greedy outputs are
-    expected on one device; across tensor-parallel ranks vLLM's reductions and batching are
-    not bit-reproducible, so there a fraction below 1 can come from the engine itself."""
-    tp = tensor_parallel_size(base_args)
-    if tp == 1:
+def lossless_meaning(tp: int, noise_floor: float | None) -> str:
+    """What `lossless` proves on this server: bit-identical greedy outputs where the engine is
+    reproducible; against n-gram's identical fraction (`noise_floor`) where it is not."""
+    if noise_floor is None:
         return (
             "greedy outputs of each method compared token for token with no speculation; "
-            "on one device any difference is a speculation bug"
+            "n-gram's were identical, so any difference is a speculation bug"
         )
     return (
-        f"greedy outputs compared token for token with no speculation at tensor parallel "
-        f"{tp}: vLLM is not bit-reproducible across ranks and batch shapes, so a draft is "
-        "judged against n-gram's identical fraction, the engine's own noise floor "
-        "(`noise_floor`; the strict comparison is `lossless_bit_exact`)"
+        f"greedy outputs compared token for token with no speculation: even n-gram's differ on "
+        f"{1 - noise_floor:.0%} of the held-out prompts (tensor parallel {tp}; 16-bit kernels "
+        "verify in other batch shapes than they decode), so a draft is judged against that "
+        "noise floor (`noise_floor`; the strict comparison is `lossless_bit_exact`)"
     )
 
 
@@ -435,11 +432,20 @@ def evaluate_stage(
         )
         results[method] = result
         per_set[method] = {name: set_figures(*asked, answers, k) for name, asked in sets.items()}
-    if tensor_parallel_size(server_cfg["base_args"]) > 1:
-        rows = stored if "ngram" in methods else list(iter_jsonl(reference_outputs))
-        floor = ngram_identical_fraction(rows, answers)
-        if floor is not None:
-            judge_against_noise_floor(results, floor, len(prompts))
+    # Where the engine is not bit-reproducible (tensor parallel ranks; 16-bit kernels whose
+    # verification batches differ from decoding), n-gram's outputs already differ: then a
+    # draft is judged against that floor. Where n-gram is exact, any difference is a bug.
+    tp = tensor_parallel_size(server_cfg["base_args"])
+    rows = stored if "ngram" in methods else list(iter_jsonl(reference_outputs))
+    floor = ngram_identical_fraction(rows, answers)
+    noisy = floor is not None and (tp > 1 or floor < 1)
+    if noisy:
+        judge_against_noise_floor(results, floor, len(prompts))
+        for name in dict.fromkeys(c["benchmark"] for c in conversations):
+            set_floor = ngram_identical_fraction(rows, answers, name)
+            if set_floor is not None:
+                figures = {m: per_set[m][name] for m in methods}
+                judge_against_noise_floor(figures, set_floor, per_set[methods[-1]][name]["requests"])
     benchmarks = {
         name: {
             "conversations": sum(c["benchmark"] == name for c in conversations),
@@ -451,7 +457,7 @@ def evaluate_stage(
         "num_speculative_tokens": k,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
-        "lossless_means": lossless_meaning(server_cfg["base_args"]),
+        "lossless_means": lossless_meaning(tp, floor if noisy else None),
         **results,
         "benchmarks": benchmarks,
     }
