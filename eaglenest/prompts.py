@@ -276,7 +276,7 @@ def read_source(src: dict) -> tuple[Iterable[dict], str | None]:
 # The stage
 
 
-def _sample(rows: list, k: int | None, rng: random.Random) -> list:
+def sample_rows(rows: list, k: int | None, rng: random.Random) -> list:
     if k is None or k >= len(rows):
         return list(rows)
     keep = sorted(rng.sample(range(len(rows)), k))
@@ -322,7 +322,7 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
                 f"source '{name}' yielded no usable rows ({n_in} read; dropped: {why})", path
             )
         requested = src.get("samples")
-        picked = _sample(usable, requested, random.Random(f"{seed}/source/{name}"))
+        picked = sample_rows(usable, requested, random.Random(f"{seed}/source/{name}"))
         short = requested is not None and len(usable) < requested
         per_source[name] = {
             "type": src["type"],
