@@ -308,12 +308,15 @@ def test_stage_times_come_from_each_jobs_benchmark_and_match_its_job_events(defa
 
     table = pd.read_csv(default_run["run_dir"] / "stage_times.csv").set_index("stage")
     assert table.loc["extract_hidden_states", "jobs"] == default_run["config"]["hidden_states"]["num_shards"]
-    expected = GPU_RULES | {"resolve_target", "prepare_prompts", "tokenize", "draft_config"}
-    assert expected | {"build_vocab_mapping", "plan_hidden_states", "export_draft"} == set(table.index)
     spans: dict[str, float] = {}
     for j in job_timeline(default_run["events"]):
         if j["end"] is not None:
             spans[j["rule"]] = spans.get(j["rule"], 0.0) + j["end"] - j["start"]
+    # One row per rule that ran a job, whatever rules the workflow grows: all but the summary
+    # itself (which writes the table), the target rule `all` (which does no work) and the rules
+    # that make a target folder shared beyond the run (no benchmark: rules/data.smk).
+    assert set(table.index) == set(spans) - {"run_summary", "all", "build_tiny_target", "download_target"}
+    assert GPU_RULES | {"resolve_target", "prepare_prompts", "tokenize", "train_draft"} <= set(table.index)
     for stage in GPU_RULES:  # the long ones: seconds to minutes
         assert table.loc[stage, "wall_s"] == pytest.approx(spans[stage], rel=0.1, abs=2.0), stage
     # The long stages' memory: Python with torch at least (a job of a tenth of a second is
