@@ -96,19 +96,14 @@ def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
     return path
 
 
-def snakemake(
-    workdir: Path,
-    configfile: Path | None,
-    *args: str,
-    timeout: int = 3000,
-    check: bool = True,
-    env: dict | None = None,
-) -> subprocess.CompletedProcess:
-    """Run the workflow with `workdir` as working directory: a checkout's own (typed from its
-    root, as a user does) when `workdir` is one (`fresh_clone`), else the repository's. The GPU
-    cap and the job-events logger come from profiles/default, as in `make run` (a plain
-    `snakemake --cores all`), not from here; only the events file's name is set, as
-    `proc.events`."""
+def snakemake_command(
+    workdir: Path, configfile: Path | None, *args: str
+) -> tuple[list[str], Path | None, Path]:
+    """The command line that runs the workflow with `workdir` as working directory, the folder
+    to start it in, and its job-events file: typed from a checkout's own root (as a user does)
+    when `workdir` is one (`fresh_clone`), else the repository's Snakefile with `-d`. The GPU cap
+    and the job-events logger come from profiles/default, as in `make run` (a plain
+    `snakemake --cores all`), not from here; only the events file's name is set."""
     events = workdir / ".snakemake" / "test-events" / f"{next(_INVOCATIONS):03d}.jobs.jsonl"
     checkout = (workdir / "Snakefile").is_file()
     if checkout and configfile is not None and configfile.is_relative_to(workdir):
@@ -125,20 +120,59 @@ def snakemake(
         str(events),
         *args,
     ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=workdir if checkout else None,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
+    return cmd, (workdir if checkout else None), events
+
+
+def run_env(env: dict | None) -> dict:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def snakemake(
+    workdir: Path,
+    configfile: Path | None,
+    *args: str,
+    timeout: int = 3000,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """Run the workflow (`snakemake_command`) to its end; the events file is `proc.events`
+    (absent when no job was announced: nothing to do)."""
+    cmd, cwd, events = snakemake_command(workdir, configfile, *args)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=run_env(env))
     if check and proc.returncode != 0:
         raise AssertionError(
             f"snakemake failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
         )
-    proc.events = events  # absent when no job was announced (nothing to do)
+    proc.events = events
     return proc
+
+
+class BackgroundRun:
+    """A workflow run started now and waited for later, its output in `workdir/run.log`. Stopped
+    at exit if still going (SIGTERM to its PID, which the workflow forwards to its jobs and
+    servers), as when the session stops at a first failure."""
+
+    def __init__(self, workdir: Path, configfile: Path | None, *args: str, env: dict | None = None):
+        cmd, cwd, self.events = snakemake_command(workdir, configfile, *args)
+        self.log = workdir / "run.log"
+        with open(self.log, "w") as out:
+            self._proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=run_env(env)
+            )
+        atexit.register(self.stop)
+
+    def wait(self, timeout: int = 3600) -> str:
+        """The run's whole output, once it has ended well."""
+        code = self._proc.wait(timeout=timeout)
+        text = self.log.read_text()
+        if code != 0:
+            raise AssertionError(f"snakemake failed ({code}):\n{text[-8000:]}")
+        return text
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(timeout=120)
 
 
 def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
@@ -167,41 +201,32 @@ def job_timeline(events: Path) -> list[dict]:
 DEFAULT_RUN_CUT = {"prompts": 600, "epochs": 4}
 
 
-@pytest.fixture(scope="session")
-def default_run(tmp_path_factory):
-    """The default pipeline, run once for the whole session (real vLLM and speculators), on
-    DEFAULT_RUN_CUT's share of the default config's prompts and epochs."""
+def start_default_run(tmp_path_factory) -> dict:
+    """The default pipeline on DEFAULT_RUN_CUT's share of the default config's prompts and epochs."""
     workdir = tmp_path_factory.mktemp("default_run")
     cfg = default_config()
     (source,) = cfg["prompts"]["sources"]
     source["samples"] = DEFAULT_RUN_CUT["prompts"]
     cfg["train"]["epochs"] = DEFAULT_RUN_CUT["epochs"]
     configfile = write_config(workdir, cfg)
-    proc = snakemake(workdir, configfile, "--cores", "2")
-    (workdir / "run.log").write_text(proc.stdout + proc.stderr)  # kept for timings
     return {
         "workdir": workdir,
         "config": cfg,
         "configfile": configfile,
         "run_dir": workdir / cfg["run_dir"],
-        "log": proc.stdout + proc.stderr,
-        "events": proc.events,
+        "run": BackgroundRun(workdir, configfile, "--cores", "2"),
     }
 
 
-@pytest.fixture(scope="session")
-def kimi_mini_run(tmp_path_factory):
-    """The seed case's miniature, run once as the README types it from a fresh clone's root
-    (`snakemake --cores all --configfile config/kimi-mini.yaml`, the shipped file as it is): a
-    Kimi-K2.5-shaped target built, published into a hub cache and resolved by its hub id, with a
-    remote-code tokenizer and a thinking template. HF_HOME points into the scratch folder, so a
-    run that wrote to the user's cache would show there."""
+def start_kimi_mini_run(tmp_path_factory) -> dict:
+    """The seed case's miniature as the README types it from a fresh clone's root
+    (`snakemake --cores all --configfile config/kimi-mini.yaml`, the shipped file as it is).
+    HF_HOME points into the scratch folder, so a run that wrote to the user's cache would show
+    there."""
     workdir = fresh_clone(tmp_path_factory.mktemp("kimi_mini_run"))
     configfile = workdir / "config" / "kimi-mini.yaml"
     cfg = yaml.safe_load(configfile.read_text())
     env = {"HF_HOME": str(workdir / "hf-home"), "HF_HUB_OFFLINE": "1"}
-    proc = snakemake(workdir, configfile, "--cores", "2", env=env)
-    (workdir / "run.log").write_text(proc.stdout + proc.stderr)
     return {
         "workdir": workdir,
         "config": cfg,
@@ -209,5 +234,38 @@ def kimi_mini_run(tmp_path_factory):
         "env": env,
         "run_dir": workdir / cfg["run_dir"],
         "cache": workdir / cfg["target"]["cache_dir"],
-        "log": proc.stdout + proc.stderr,
+        "run": BackgroundRun(workdir, configfile, "--cores", "2", env=env),
     }
+
+
+SHARED_RUNS = {"default_run": start_default_run, "kimi_mini_run": start_kimi_mini_run}
+_STARTED: dict[str, dict] = {}
+
+
+def shared_run(request, name: str) -> dict:
+    """The session's run `name`, ended. When the first of them is needed, every shared run
+    that a selected test reads is started, side by side: on 2 cores the two overlap their
+    single-threaded stretches (server starts, imports), and CI gains minutes."""
+    for wanted, start in SHARED_RUNS.items():
+        if wanted not in _STARTED and any(wanted in item.fixturenames for item in request.session.items):
+            _STARTED[wanted] = start(request.getfixturevalue("tmp_path_factory"))
+    info = dict(_STARTED[name])
+    run = info.pop("run")
+    info["log"] = run.wait()
+    info["events"] = run.events
+    return info
+
+
+@pytest.fixture(scope="session")
+def default_run(request):
+    """The default pipeline, run once for the whole session (real vLLM and speculators), on
+    DEFAULT_RUN_CUT's share of the default config's prompts and epochs."""
+    return shared_run(request, "default_run")
+
+
+@pytest.fixture(scope="session")
+def kimi_mini_run(request):
+    """The seed case's miniature, run once as the README types it from a fresh clone's root: a
+    Kimi-K2.5-shaped target built, published into a hub cache and resolved by its hub id, with a
+    remote-code tokenizer and a thinking template."""
+    return shared_run(request, "kimi_mini_run")
