@@ -242,13 +242,25 @@ SHARED_RUNS = {"default_run": start_default_run, "kimi_mini_run": start_kimi_min
 _STARTED: dict[str, dict] = {}
 
 
+def start_shared_runs(request) -> None:
+    """Start every shared run that a selected test reads and that has not started yet."""
+    for name, start in SHARED_RUNS.items():
+        if name not in _STARTED and any(name in item.fixturenames for item in request.session.items):
+            _STARTED[name] = start(request.getfixturevalue("tmp_path_factory"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs_started(request):
+    """The shared runs start with the session's first test, side by side and beside the tests
+    that do not read them: on 2 cores a run's single-threaded stretches (server starts, imports,
+    the engine's one bound core) leave room, and CI gains minutes. A session that selects no
+    test reading them starts none."""
+    start_shared_runs(request)
+
+
 def shared_run(request, name: str) -> dict:
-    """The session's run `name`, ended. When the first of them is needed, every shared run
-    that a selected test reads is started, side by side: on 2 cores the two overlap their
-    single-threaded stretches (server starts, imports), and CI gains minutes."""
-    for wanted, start in SHARED_RUNS.items():
-        if wanted not in _STARTED and any(wanted in item.fixturenames for item in request.session.items):
-            _STARTED[wanted] = start(request.getfixturevalue("tmp_path_factory"))
+    """The session's run `name`, ended."""
+    start_shared_runs(request)
     info = dict(_STARTED[name])
     run = info.pop("run")
     info["log"] = run.wait()
