@@ -2,7 +2,7 @@
 # `snakemake --cores all` builds what is missing; `snakemake -n` shows the plan.
 from snakemake.utils import min_version
 
-# The code relies on Snakemake 9's logger-plugin job events and profile behaviour (eaglenest/job_events.py, profiles/).
+# The code relies on Snakemake 9's logger-plugin job events and profile behaviour (eaglenest/pipeline/job_events.py, profiles/).
 min_version("9.0")
 
 

@@ -67,10 +67,14 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from eaglenest.draft_config import default_aux_layer_ids
-    from eaglenest.hidden_states import extract_shard_transformers, extract_shard_vllm, vllm_extraction_spec
-    from eaglenest.server import ServerSpec, start, stop_pid
-    from eaglenest.tiny_target import build_tiny_target
+    from eaglenest.draft.config import default_aux_layer_ids
+    from eaglenest.engine.server import ServerSpec, start, stop_pid
+    from eaglenest.hidden_states.extract import (
+        extract_shard_transformers,
+        extract_shard_vllm,
+        vllm_extraction_spec,
+    )
+    from eaglenest.target.tiny import build_tiny_target
 
     with tempfile.TemporaryDirectory(prefix="bench-hs-", dir="/tmp") as tmp:
         tmp = Path(tmp)

@@ -2,7 +2,7 @@
 
 One server (the regeneration server of a finished run: its target and flags), the same prompts,
 sampling and concurrency, sent alternately by:
-- eaglenest: `eaglenest.regenerate.regenerate_responses`, the regenerate_responses rule's own
+- eaglenest: `eaglenest.data.regenerate.regenerate_responses`, the regenerate_responses rule's own
   code, progress file and output included;
 - vLLM: `vllm bench serve` (its Python entry point, `vllm.benchmarks.serve`), backend
   openai-chat on /v1/chat/completions, the prompts as a custom dataset.
@@ -50,7 +50,7 @@ def client_cpu_seconds() -> float:
 
 
 def run_eaglenest(server, prompts_file: Path, target: str, sampling: dict, concurrency: int, scratch: Path):
-    from eaglenest.regenerate import regenerate_responses
+    from eaglenest.data.regenerate import regenerate_responses
 
     out = scratch / "raw_responses.jsonl"
     t0 = time.perf_counter()
@@ -95,9 +95,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from eaglenest.server import ServerSpec, start, stop_pid
-    from eaglenest.target import load_target
-    from eaglenest.workflow import vllm_base_args, vllm_env
+    from eaglenest.engine.server import ServerSpec, start, stop_pid
+    from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
+    from eaglenest.target.resolve import load_target
 
     cfg = yaml.safe_load(args.configfile.read_text())
     run_dir = args.workdir / cfg["run_dir"]

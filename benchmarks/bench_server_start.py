@@ -46,11 +46,11 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from eaglenest.evaluate import method_spec
-    from eaglenest.regenerate import regenerate_responses
-    from eaglenest.server import ServerSpec, start, stop_pid
-    from eaglenest.target import load_target
-    from eaglenest.workflow import vllm_base_args, vllm_env
+    from eaglenest.data.regenerate import regenerate_responses
+    from eaglenest.engine.server import ServerSpec, start, stop_pid
+    from eaglenest.evaluation.evaluate import method_spec
+    from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
+    from eaglenest.target.resolve import load_target
 
     cfg = yaml.safe_load(args.configfile.read_text())
     run_dir = args.workdir / cfg["run_dir"]

@@ -3,7 +3,7 @@
 Reads what the run's Snakemake invocations recorded in the working directory:
 
 - `.snakemake/log/*.jobs.jsonl`, one per invocation (the eaglenest-jobs logger plugin both
-  profiles enable; eaglenest/job_events.py): when each job started and finished or failed, to
+  profiles enable; eaglenest/pipeline/job_events.py): when each job started and finished or failed, to
   the millisecond, its rule, wildcards, inputs, outputs and resources (GPU jobs are the ones that
   ask for a `gpu` resource), and when the invocation began and shut down (a killed one has no
   end: its last heartbeat dates the kill to within 5 s);
@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglenest.job_events import JobRecord, event_files, read_events, union_length
-from eaglenest.summary import read_benchmark
+from eaglenest.pipeline.job_events import JobRecord, event_files, read_events, union_length
+from eaglenest.report.summary import read_benchmark
 
 TOLERANCE_S = 0.5  # a GPU job starting this soon after its inputs is not "delayed"
 

@@ -6,7 +6,7 @@ markers, trained on data/prompts/default.jsonl) and a synthetic `raw_responses.j
 the assistant's response, some with reasoning_content and some with two turns, in the words of
 the bundled prompts. Then times
 
-1. `eaglenest.tokenize.tokenize_stage` (render, tokenize, mask, count, write) against
+1. `eaglenest.data.tokenize.tokenize_stage` (render, tokenize, mask, count, write) against
    reading + `json.loads` of every line of raw_responses.jsonl;
 2. token counting (the counts over loss-masked ids that token_freq.pt holds) against reading
    + `json.loads` of every line of the resulting tokenized_data.jsonl: counting from the file
@@ -43,7 +43,7 @@ PROMPTS = REPO / "data" / "prompts" / "default.jsonl"
 
 
 def build_target(out_dir: Path) -> Path:
-    from eaglenest.tiny_target import build_tiny_target
+    from eaglenest.target.tiny import build_tiny_target
 
     if not (out_dir / "tokenizer.json").exists():
         build_tiny_target(out_dir, [PROMPTS])
@@ -185,7 +185,7 @@ def main() -> None:
 
     import torch
 
-    from eaglenest.tokenize import tokenize_stage
+    from eaglenest.data.tokenize import tokenize_stage
 
     tmp = None
     if args.work is None:

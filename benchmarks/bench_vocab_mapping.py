@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-from eaglenest.vocab import MappingPaths, build_vocab_mapping, compute_vocab_mapping
+from eaglenest.data.vocab import MappingPaths, build_vocab_mapping, compute_vocab_mapping
 
 TARGET_VOCAB, DRAFT_VOCAB, TOKENS = 163_840, 32_000, 20_000_000
 

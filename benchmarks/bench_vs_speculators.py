@@ -15,11 +15,11 @@ its training prompts (`prompts/prompts.jsonl`) and held-out prompts (`prompts/ev
      method and the hidden-states connector (eaglenest's CPU subclass on CPU);
   4. `speculators train`, its defaults, with the documented `--draft-vocab-size` (eaglenest's,
      so that the vocabulary size is not what differs) and `--on-missing raise`; it builds
-     d2t/t2d itself from token_freq.pt. On CPU it runs as `python -m eaglenest.train` (the same
+     d2t/t2d itself from token_freq.pt. On CPU it runs as `python -m eaglenest.training.train` (the same
      trainer with eaglenest's CPU patches) with `--loss-implementation eager --draft-attn-impl
      sdpa`. Its last epoch's checkpoint is the draft: vLLM serves speculators' format directly.
 - Evaluation: both drafts in this one process, back to back, with eaglenest's own evaluation
-  (`eaglenest.evaluate.serve_and_generate`, method "draft") on the held-out prompts.
+  (`eaglenest.evaluation.evaluate.serve_and_generate`, method "draft") on the held-out prompts.
 
 Prints each arm's steps and wall seconds, training rows, epochs, tokens per target step,
 per-position acceptance and output tokens/s, and writes them to
@@ -74,7 +74,7 @@ def timed(steps: dict, name: str):
 
 def run(cmd: list[str], cwd: Path, log: Path) -> None:
     """One command of the recipe, its output to `log`; a failure stops the benchmark."""
-    from eaglenest.server import log_tail
+    from eaglenest.engine.server import log_tail
 
     print("  $ " + shlex.join(cmd), flush=True)
     with open(log, "wb") as f:
@@ -91,11 +91,11 @@ def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, ext
     from datasets import load_from_disk
     from speculators.train.config import TrainConfig
 
-    from eaglenest.draft_config import default_aux_layer_ids, resolve_aux_layer_ids
-    from eaglenest.hidden_states import vllm_extraction_spec
-    from eaglenest.server import SERVED_NAME, ServerSpec, serving
-    from eaglenest.train import epochs_done
-    from eaglenest.workflow import resolve_device, vllm_base_args, vllm_env
+    from eaglenest.draft.config import default_aux_layer_ids, resolve_aux_layer_ids
+    from eaglenest.engine.server import SERVED_NAME, ServerSpec, serving
+    from eaglenest.hidden_states.extract import vllm_extraction_spec
+    from eaglenest.pipeline.workflow import resolve_device, vllm_base_args, vllm_env
+    from eaglenest.training.train import epochs_done
 
     base, env = vllm_base_args(cfg["vllm"], cfg["target"]), vllm_env(cfg["vllm"])
     timeout = cfg["vllm"]["startup_timeout_s"]
@@ -177,8 +177,8 @@ def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, ext
         raise SystemExit(f"generate-offline-data stored {stored} of {rows} samples; see {logs}")
 
     with timed(steps, "train"):
-        # `python -m eaglenest.train`: speculators' train entry point after eaglenest's CPU patches.
-        run([sys.executable, "-m", "eaglenest.train", *train_args], scratch, logs / "train.log")
+        # `python -m eaglenest.training.train`: speculators' train entry point after eaglenest's CPU patches.
+        run([sys.executable, "-m", "eaglenest.training.train", *train_args], scratch, logs / "train.log")
     done = epochs_done(ckpts)
     return {
         "steps_s": steps,
@@ -191,7 +191,7 @@ def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, ext
 
 
 def eaglenest_arm(cfg: dict, run_dir: Path) -> dict:
-    from eaglenest.io import iter_jsonl, read_json
+    from eaglenest.core.io import iter_jsonl, read_json
 
     with open(run_dir / "stage_times.csv") as f:
         wall = {r["stage"]: float(r["wall_s"]) for r in csv.DictReader(f)}
@@ -225,8 +225,8 @@ def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> Non
     """Each arm's draft on its own server, back to back, through eaglenest's evaluation stage
     (as a sweep's variant: the held-out prompts and the run's benchmarks, greedy outputs
     compared with the run's own no-speculation outputs)."""
-    from eaglenest.evaluate import evaluate_stage
-    from eaglenest.workflow import vllm_base_args, vllm_env
+    from eaglenest.evaluation.evaluate import evaluate_stage
+    from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
 
     ev = cfg["evaluate"]
     server_cfg = {
@@ -323,15 +323,15 @@ def main() -> None:
     shutil.rmtree(scratch, ignore_errors=True)  # every step is timed from nothing
     scratch.mkdir(parents=True)
 
-    from eaglenest.server import engine_env, socket_dir
+    from eaglenest.engine.server import engine_env, socket_dir
 
     # Caches, temp files and sockets of this process and every one it starts stay in scratch;
     # the target is a local folder, so nothing needs the hub.
     os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(scratch / ".eaglenest" / "cache" / "hf")})
     os.environ.update(engine_env(scratch))
 
-    from eaglenest.io import read_json
-    from eaglenest.target import load_target
+    from eaglenest.core.io import read_json
+    from eaglenest.target.resolve import load_target
 
     target = load_target(run_dir / "target.json")
     stored = read_json(run_dir / "eval" / "acceptance.json")

@@ -71,7 +71,7 @@ def running_stage(run_dir: Path) -> str:
 
 
 def servers_gone(run_dir: Path, timeout: float = 120) -> bool:
-    from eaglenest.server import pid_alive
+    from eaglenest.engine.server import pid_alive
 
     starts = run_dir / ".eaglenest" / "server" / "starts.log"
     pids = [json.loads(line)["pid"] for line in starts.read_text().splitlines()] if starts.exists() else []

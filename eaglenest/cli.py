@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from eaglenest.errors import EaglenestError
+from eaglenest.core.errors import EaglenestError
 
 Register = Callable[["argparse._SubParsersAction"], None]
 SUBCOMMANDS: list[Register] = []
@@ -65,7 +65,7 @@ def _vocab_mapping(subparsers) -> None:
 
 
 def _run_vocab_mapping(args: argparse.Namespace) -> int:
-    from eaglenest.vocab import MappingPaths, build_vocab_mapping
+    from eaglenest.data.vocab import MappingPaths, build_vocab_mapping
 
     paths = MappingPaths.in_dir(args.output_dir, coverage_plot=args.plot)
     cov = build_vocab_mapping(
@@ -113,7 +113,7 @@ def _plan(subparsers) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     import json
 
-    from eaglenest.plan import format_plan, make_plan
+    from eaglenest.planning.plan import format_plan, make_plan
 
     extra = list(args.snakemake_args)
     if extra and extra[0] == "--":
@@ -156,7 +156,7 @@ def _verify_shards(subparsers) -> None:
 def _run_verify_shards(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from eaglenest.shard_check import verify_shards
+    from eaglenest.hidden_states.shard_check import verify_shards
 
     shards = []
     for d in map(Path, args.dirs):

@@ -6,16 +6,16 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-from eaglenest.benchmarks import benchmark_file, check_benchmarks
-from eaglenest.errors import EaglenestError
-from eaglenest.run_estimate import data_loaders, split_gpus
-from eaglenest.run_guard import claim_run_folder, forward_sigterm_to_jobs
-from eaglenest.evaluate import METHODS as EVAL_METHODS
-from eaglenest.gguf_target import gguf_source
-from eaglenest.server import WORKFLOW_PID_ENV, Lease
-from eaglenest.sweep import plan_variants, swept_keys, train_hp
-from eaglenest.target import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
-from eaglenest.workflow import code_hash, vllm_base_args, vllm_env
+from eaglenest.data.benchmarks import benchmark_file, check_benchmarks
+from eaglenest.core.errors import EaglenestError
+from eaglenest.planning.run_estimate import data_loaders, split_gpus
+from eaglenest.pipeline.run_guard import claim_run_folder, forward_sigterm_to_jobs
+from eaglenest.evaluation.evaluate import METHODS as EVAL_METHODS
+from eaglenest.target.gguf import gguf_source
+from eaglenest.engine.server import WORKFLOW_PID_ENV, Lease
+from eaglenest.training.sweep import plan_variants, swept_keys, train_hp
+from eaglenest.target.resolve import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
+from eaglenest.pipeline.workflow import code_hash, vllm_base_args, vllm_env
 
 # What the config was read from, for every message about it.
 CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles] or ["config/config.yaml"]
@@ -31,7 +31,7 @@ BUILD_TINY = bool(config["target"]["build_tiny"])
 # Snakemake's validator), so the builder's defaults are spelt out where they are read.
 TINY_ARCHITECTURE = (config["target"]["build_tiny"] or {}).get("architecture", "llama")
 # Editing the Kimi builder must not rebuild the tiny Llama (tiny_target imports it lazily).
-TINY_BUILDERS_NOT_USED = () if TINY_ARCHITECTURE == "kimi_k25" else ("kimi_mini",)
+TINY_BUILDERS_NOT_USED = () if TINY_ARCHITECTURE == "kimi_k25" else ("target.kimi_mini",)
 # A hub id resolves through the hub cache (the configured one, else huggingface_hub's own).
 TARGET_ON_HUB = on_hub(TARGET, TINY_ARCHITECTURE if BUILD_TINY else None)
 # A target shipped as GGUF: import_gguf_target writes its HF folder at target.path.
@@ -42,10 +42,10 @@ TARGET_RECORD = f"{RUN}/target.json"
 GPUS = config["gpus"]
 NUM_SHARDS = config["hidden_states"]["num_shards"]
 # offline: extraction jobs store the shards before training; online and hybrid: train_draft
-# reads hidden states from the run's server (eaglenest.online_data), so no shard is in the DAG.
+# reads hidden states from the run's server (eaglenest.hidden_states.online), so no shard is in the DAG.
 HS_MODE = config["hidden_states"]["mode"]
 SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)] if HS_MODE == "offline" else []
-# A sweep's variants (eaglenest.sweep): the base, the run's own draft, first; [] without a sweep.
+# A sweep's variants (eaglenest.training.sweep): the base, the run's own draft, first; [] without a sweep.
 try:
     VARIANTS = plan_variants(config)
 except EaglenestError as e:
@@ -165,13 +165,13 @@ def train_code():
     """Code hash of train_draft: offline, without the online extraction's modules; online and
     hybrid with them and the CPU KV connector their server loads by name."""
     if HS_MODE == "offline":
-        return code_hash("train_draft", leave_out=("online_data",))
-    return code_hash("train_draft", also=("cpu_connector",))
+        return code_hash("train_draft", leave_out=("hidden_states.online",))
+    return code_hash("train_draft", also=("engine.cpu_connector",))
 
 
 def start_run():
     """The main process, before the first job: one workflow per run folder, and SIGTERM
-    reaches the running jobs (eaglenest.run_guard)."""
+    reaches the running jobs (eaglenest.pipeline.run_guard)."""
     try:
         claim_run_folder(RUN)
     except EaglenestError as e:

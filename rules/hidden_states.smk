@@ -50,6 +50,6 @@ rule extract_hidden_states:
         concurrency=config["hidden_states"]["concurrency"],
         server=server_params(),
         # The server loads the CPU KV connector by its module path: no import names it.
-        code=code_hash("extract_hidden_states", also=("cpu_connector",)),
+        code=code_hash("extract_hidden_states", also=("engine.cpu_connector",)),
     script:
         "../scripts/extract_hidden_states.py"

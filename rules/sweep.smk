@@ -1,4 +1,4 @@
-# A sweep (config `sweep:`, eaglenest/sweep.py): each variant builds its own vocabulary mapping,
+# A sweep (config `sweep:`, eaglenest/training/sweep.py): each variant builds its own vocabulary mapping,
 # draft config, draft, export and evaluation from the run's shared prompts, responses, tokenized
 # rows and hidden states, so a sweep costs training and evaluation alone. The base variant (the
 # config's own settings) is the run's draft; compare_variants sets them side by side.

@@ -1,7 +1,7 @@
-"""Snakemake adapter for `build_tiny_target`: see eaglenest.tiny_target."""
+"""Snakemake adapter for `build_tiny_target`: see eaglenest.target.build."""
 
-from eaglenest.tiny_target import build_stage
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.build import build_stage
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

@@ -1,8 +1,8 @@
-"""Snakemake adapter for the vocab_mapping rule: all logic lives in eaglenest.vocab."""
+"""Snakemake adapter for the vocab_mapping rule: all logic lives in eaglenest.data.vocab."""
 
-from eaglenest.target import load_target
-from eaglenest.vocab import mapping_stage
-from eaglenest.workflow import run_logged
+from eaglenest.data.vocab import mapping_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 out = sm.output

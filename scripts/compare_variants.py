@@ -1,7 +1,7 @@
-"""Snakemake adapter for `compare_variants`: see eaglenest.variant_comparison."""
+"""Snakemake adapter for `compare_variants`: see eaglenest.report.variant_comparison."""
 
-from eaglenest.variant_comparison import compare_stage
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.report.variant_comparison import compare_stage
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

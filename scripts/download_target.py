@@ -1,7 +1,7 @@
-"""Snakemake adapter for `download_target`: see eaglenest.target."""
+"""Snakemake adapter for `download_target`: see eaglenest.target.resolve."""
 
-from eaglenest.target import download_stage
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import download_stage
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

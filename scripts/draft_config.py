@@ -1,8 +1,8 @@
-"""Snakemake adapter for `draft_config`: see eaglenest.draft_config."""
+"""Snakemake adapter for `draft_config`: see eaglenest.draft.config."""
 
-from eaglenest.draft_config import draft_config_stage
-from eaglenest.target import load_target
-from eaglenest.workflow import run_logged
+from eaglenest.draft.config import draft_config_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

@@ -1,8 +1,8 @@
-"""Snakemake adapter for `evaluate_acceptance`: see eaglenest.evaluate."""
+"""Snakemake adapter for `evaluate_acceptance`: see eaglenest.evaluation.evaluate."""
 
-from eaglenest.evaluate import evaluate_stage
-from eaglenest.target import keep_caches_in, load_target
-from eaglenest.workflow import run_logged
+from eaglenest.evaluation.evaluate import evaluate_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import keep_caches_in, load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

@@ -1,8 +1,8 @@
-"""Snakemake adapter for `export_draft`: see eaglenest.export."""
+"""Snakemake adapter for `export_draft`: see eaglenest.evaluation.export."""
 
-from eaglenest.export import export_stage
-from eaglenest.target import load_target
-from eaglenest.workflow import run_logged
+from eaglenest.evaluation.export import export_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 run_logged(

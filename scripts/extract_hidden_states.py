@@ -1,8 +1,8 @@
-"""Snakemake adapter for `extract_hidden_states` (one shard): see eaglenest.hidden_states."""
+"""Snakemake adapter for `extract_hidden_states` (one shard): see eaglenest.hidden_states.extract."""
 
-from eaglenest.hidden_states import extract_stage
-from eaglenest.target import keep_caches_in, load_target
-from eaglenest.workflow import run_logged
+from eaglenest.hidden_states.extract import extract_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import keep_caches_in, load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

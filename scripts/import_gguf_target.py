@@ -1,9 +1,9 @@
-"""Snakemake adapter for `import_gguf_target`: see eaglenest.gguf_target."""
+"""Snakemake adapter for `import_gguf_target`: see eaglenest.target.gguf."""
 
 from pathlib import Path
 
-from eaglenest.gguf_target import import_gguf
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.gguf import import_gguf
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 # The folder is the one its outputs name (target.path); the file is its input.

@@ -1,10 +1,10 @@
-"""Snakemake adapter for `plan_hidden_states`: see eaglenest.hidden_states."""
+"""Snakemake adapter for `plan_hidden_states`: see eaglenest.hidden_states.extract."""
 
 from pathlib import Path
 
-from eaglenest.hidden_states import plan_stage
-from eaglenest.target import load_target
-from eaglenest.workflow import run_logged
+from eaglenest.hidden_states.extract import plan_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

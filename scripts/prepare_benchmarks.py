@@ -1,7 +1,7 @@
-"""Snakemake adapter for the prepare_benchmarks stage: see eaglenest.benchmarks."""
+"""Snakemake adapter for the prepare_benchmarks stage: see eaglenest.data.benchmarks."""
 
-from eaglenest.benchmarks import prepare_benchmarks_stage
-from eaglenest.workflow import run_logged
+from eaglenest.data.benchmarks import prepare_benchmarks_stage
+from eaglenest.pipeline.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 run_logged(

@@ -1,7 +1,7 @@
-"""Snakemake adapter for the prepare_prompts stage: see eaglenest.prompts."""
+"""Snakemake adapter for the prepare_prompts stage: see eaglenest.data.prompts."""
 
-from eaglenest.prompts import prepare_stage
-from eaglenest.workflow import run_logged
+from eaglenest.data.prompts import prepare_stage
+from eaglenest.pipeline.workflow import run_logged
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

@@ -1,8 +1,8 @@
-"""Snakemake adapter for `regenerate_responses`: see eaglenest.regenerate."""
+"""Snakemake adapter for `regenerate_responses`: see eaglenest.data.regenerate."""
 
-from eaglenest.regenerate import regenerate_stage
-from eaglenest.target import load_target
-from eaglenest.workflow import run_logged
+from eaglenest.data.regenerate import regenerate_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

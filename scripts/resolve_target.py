@@ -1,7 +1,7 @@
-"""Snakemake adapter for `resolve_target`: see eaglenest.target."""
+"""Snakemake adapter for `resolve_target`: see eaglenest.target.resolve."""
 
-from eaglenest.target import resolve_stage
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import resolve_stage
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

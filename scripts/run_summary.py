@@ -1,8 +1,8 @@
-"""Snakemake adapter for `run_summary`: see eaglenest.summary."""
+"""Snakemake adapter for `run_summary`: see eaglenest.report.summary."""
 
-from eaglenest.summary import summary_stage
-from eaglenest.target import load_target
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.report.summary import summary_stage
+from eaglenest.target.resolve import load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 run_logged(

@@ -1,8 +1,8 @@
-"""Snakemake adapter for the tokenize rule: all logic lives in eaglenest.tokenize."""
+"""Snakemake adapter for the tokenize rule: all logic lives in eaglenest.data.tokenize."""
 
-from eaglenest.target import keep_caches_in, load_target
-from eaglenest.tokenize import tokenize_stage
-from eaglenest.workflow import run_logged
+from eaglenest.data.tokenize import tokenize_stage
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import keep_caches_in, load_target
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

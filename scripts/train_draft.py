@@ -1,8 +1,8 @@
-"""Snakemake adapter for `train_draft`: see eaglenest.train."""
+"""Snakemake adapter for `train_draft`: see eaglenest.training.train."""
 
-from eaglenest.target import keep_caches_in, load_target
-from eaglenest.train import train_stage
-from eaglenest.workflow import run_logged
+from eaglenest.pipeline.workflow import run_logged
+from eaglenest.target.resolve import keep_caches_in, load_target
+from eaglenest.training.train import train_stage
 
 sm = snakemake  # noqa: F821 -- injected by Snakemake's `script:` directive
 p = sm.params

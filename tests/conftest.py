@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eaglenest.job_events import read_events
+from eaglenest.pipeline.job_events import read_events
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 # Remote code that transformers imports (the Kimi miniature's tokenizer) is copied into
@@ -32,7 +32,7 @@ GPU_RULES = {"regenerate_responses", "extract_hidden_states", "train_draft", "ev
 
 def target_record(folder: Path, record: Path, trust_remote_code: bool = False) -> Path:
     """What the resolve_target rule writes for a local model folder, as adapter tests need it."""
-    from eaglenest.target import resolve_stage
+    from eaglenest.target.resolve import resolve_stage
 
     resolve_stage(
         name=str(folder),
@@ -48,7 +48,7 @@ def target_record(folder: Path, record: Path, trust_remote_code: bool = False) -
 def untrained_target(tmp_path_factory) -> Path:
     """The tiny Llama's files (tokenizer, chat template, config, servable weights) without its
     training steps: for tests where the weights do not matter. Built once per suite."""
-    from eaglenest.tiny_target import build_tiny_target
+    from eaglenest.target.tiny import build_tiny_target
 
     corpus = [REPO / "data" / "tiny_target" / "corpus.jsonl"]
     return build_tiny_target(tmp_path_factory.mktemp("untrained") / "target", corpus, pretrain_steps=0)
@@ -79,7 +79,7 @@ def folder_bytes(folder: Path) -> dict:
 
 def users_model(built: Path, dest: Path) -> Path:
     """A copy of a built model folder without the builder's marker: a model of the user's own."""
-    from eaglenest.target import BUILD_MARKER
+    from eaglenest.target.resolve import BUILD_MARKER
 
     shutil.copytree(built, dest)
     (dest / BUILD_MARKER).unlink()

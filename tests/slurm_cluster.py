@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglenest.server import free_port, pid_alive
+from eaglenest.engine.server import free_port, pid_alive
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "sinfo", "scancel", "munged"]

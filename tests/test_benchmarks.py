@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest import evaluate
-from eaglenest.benchmarks import (
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import read_jsonl
+from eaglenest.data.benchmarks import (
     benchmark_file,
     check_benchmarks,
     prepare_benchmarks_stage,
@@ -16,8 +17,7 @@ from eaglenest.benchmarks import (
     request_acceptance,
     turn_messages,
 )
-from eaglenest.errors import EaglenestError
-from eaglenest.io import read_jsonl
+from eaglenest.evaluation import evaluate
 
 DATA = Path(__file__).resolve().parent / "data"
 MT_BENCH = {"name": "mt_bench", "type": "mt_bench"}

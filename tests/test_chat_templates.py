@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from chat_families import CASES, FAMILIES, Family, msg
 
-from eaglenest.tokenize import tokenize_stage
+from eaglenest.data.tokenize import tokenize_stage
 
 CORPUS = [m["content"] + " " + (m.get("reasoning_content") or "") for conv in CASES.values() for m in conv]
 

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def hashes_in(clone: Path) -> dict[str, str]:
     code = (
-        "from eaglenest.workflow import code_hash\n"
+        "from eaglenest.pipeline.workflow import code_hash\n"
         "for s in ('train_draft', 'evaluate_acceptance', 'tokenize', 'prepare_prompts'):\n"
         "    print(s, code_hash(s))\n"
     )
@@ -30,9 +30,13 @@ def edit(path: Path, old: str, new: str) -> None:
 def test_a_behaviour_edit_in_any_module_a_stage_reaches_reruns_it(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
     before = hashes_in(clone)
-    # speculators' split of the rows the draft trains on, in eaglenest.sweep: train_draft
+    # speculators' split of the rows the draft trains on, in eaglenest.training.sweep: train_draft
     # reaches it through train.py (a hand-written list of modules once left it out).
-    edit(clone / "eaglenest" / "sweep.py", "ratio = (len(kept) + 0.5)", "ratio = (len(kept) + 0.25)")
+    edit(
+        clone / "eaglenest" / "training" / "sweep.py",
+        "ratio = (len(kept) + 0.5)",
+        "ratio = (len(kept) + 0.25)",
+    )
     after = hashes_in(clone)
     assert after["train_draft"] != before["train_draft"]
     assert (
@@ -40,7 +44,7 @@ def test_a_behaviour_edit_in_any_module_a_stage_reaches_reruns_it(tmp_path):
         and after["evaluate_acceptance"] == before["evaluate_acceptance"]
     )
     # A module imported at the bottom of the graph (errors) reaches every stage.
-    edit(clone / "eaglenest" / "errors.py", "class EaglenestError", "class EaglenestError_")
+    edit(clone / "eaglenest" / "core" / "errors.py", "class EaglenestError", "class EaglenestError_")
     assert all(hashes_in(clone)[s] != after[s] for s in after)
 
 
@@ -48,11 +52,11 @@ def test_docstrings_comments_and_layout_rerun_nothing(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
     before = hashes_in(clone)
     edit(
-        clone / "eaglenest" / "sweep.py",
+        clone / "eaglenest" / "training" / "sweep.py",
         '    """The rows a `fraction`',
         '    """Reworded: the rows a `fraction`',
     )
-    edit(clone / "eaglenest" / "tokenize.py", "\nimport ", "\n# a new comment\n\nimport ")
+    edit(clone / "eaglenest" / "data" / "tokenize.py", "\nimport ", "\n# a new comment\n\nimport ")
     assert hashes_in(clone) == before
 
 

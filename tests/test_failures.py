@@ -20,8 +20,8 @@ import pytest
 import torch
 from conftest import REPO, default_config, snakemake, write_config
 
-from eaglenest.errors import EaglenestError
-from eaglenest.server import group_members
+from eaglenest.core.errors import EaglenestError
+from eaglenest.engine.server import group_members
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -65,7 +65,7 @@ def target(untrained_target) -> Path:
 
 
 def test_prompts_malformed_jsonl_line(tmp_path):
-    from eaglenest.prompts import prepare_stage
+    from eaglenest.data.prompts import prepare_stage
 
     src = write_jsonl_lines(
         tmp_path / "src.jsonl", [{"prompt": "one"}, {"prompt": "two"}, '{"prompt": oops}']
@@ -85,7 +85,7 @@ def tokenize_outputs(tmp_path: Path) -> list[Path]:
 
 
 def run_tokenize(target, responses, outputs):
-    from eaglenest.tokenize import tokenize_stage
+    from eaglenest.data.tokenize import tokenize_stage
 
     return tokenize_stage(responses, target, 512, "truncate", *outputs)
 
@@ -138,7 +138,7 @@ def test_tokenize_bad_conversation(tmp_path, target, messages, problem):
 
 
 def test_tokenize_served_token_id_outside_vocab(tmp_path, target):
-    from eaglenest.target import load_tokenizer, read_shape
+    from eaglenest.target.resolve import load_tokenizer, read_shape
 
     tok = load_tokenizer(target)
     vocab = read_shape(target).vocab_size
@@ -158,7 +158,7 @@ def test_tokenize_served_token_id_outside_vocab(tmp_path, target):
 
 
 def vocab_paths(tmp_path: Path):
-    from eaglenest.vocab import MappingPaths
+    from eaglenest.data.vocab import MappingPaths
 
     out = tmp_path / "vocab"
     paths = MappingPaths.in_dir(out, coverage_plot=out / "vocab_coverage.png")
@@ -173,7 +173,7 @@ def vocab_paths(tmp_path: Path):
 
 
 def run_vocab(tmp_path, target, freq, draft_vocab_size=64):
-    from eaglenest.vocab import build_vocab_mapping
+    from eaglenest.data.vocab import build_vocab_mapping
 
     path = tmp_path / "token_freq.pt"
     torch.save(freq, path)
@@ -227,7 +227,7 @@ def test_vocab_draft_larger_than_target(tmp_path, target):
     ],
 )
 def test_resolve_aux_layer_ids_rejects(ids, problem):
-    from eaglenest.draft_config import resolve_aux_layer_ids
+    from eaglenest.draft.config import resolve_aux_layer_ids
 
     with pytest.raises(EaglenestError) as e:
         resolve_aux_layer_ids(ids, 8, "/models/t/config.json")
@@ -235,7 +235,7 @@ def test_resolve_aux_layer_ids_rejects(ids, problem):
 
 
 def test_plan_stage_out_of_range_aux_id(tmp_path, target):
-    from eaglenest.hidden_states import plan_stage
+    from eaglenest.hidden_states.extract import plan_stage
 
     meta = tmp_path / "metadata.json"
     meta.write_text(json.dumps({"samples_out": 3, "tokens_total": 300}))
@@ -335,8 +335,8 @@ CPU_ENV = (("VLLM_CPU_KVCACHE_SPACE", "1"),)
 
 @pytest.fixture
 def started_pids(monkeypatch):
-    """The pid of every server `eaglenest.server.start` launches during the test."""
-    import eaglenest.server as server_mod
+    """The pid of every server `eaglenest.engine.server.start` launches during the test."""
+    import eaglenest.engine.server as server_mod
 
     pids: list[int] = []
     real = server_mod.wait_healthy
@@ -350,7 +350,7 @@ def started_pids(monkeypatch):
 
 
 def assert_server_gone(pids: list[int]) -> None:
-    from eaglenest.server import pid_alive
+    from eaglenest.engine.server import pid_alive
 
     assert len(pids) == 1, pids
     assert not pid_alive(pids[0]), f"server pid {pids[0]} still running"
@@ -359,7 +359,7 @@ def assert_server_gone(pids: list[int]) -> None:
 
 @pytest.mark.engine
 def test_server_with_broken_config_fails_with_log_tail(tmp_path, started_pids):
-    from eaglenest.server import ServerError, ServerSpec, start
+    from eaglenest.engine.server import ServerError, ServerSpec, start
 
     model = tmp_path / "broken"
     model.mkdir()
@@ -378,7 +378,7 @@ def test_server_with_broken_config_fails_with_log_tail(tmp_path, started_pids):
 
 @pytest.mark.engine
 def test_server_start_timeout_stops_the_server(tmp_path, target, started_pids):
-    from eaglenest.server import ServerError, ServerSpec, start
+    from eaglenest.engine.server import ServerError, ServerSpec, start
 
     log = tmp_path / "run" / "server.log"
     t0 = time.monotonic()
@@ -461,7 +461,7 @@ def write_contract_inputs(tmp_path: Path, *, manifest_aux=AUX, t2d_size=TARGET_V
 
 def run_train_stage(tmp_path: Path, f: dict) -> None:
     """The train_draft rule's entry point; the contract check comes before anything else."""
-    from eaglenest.train import train_stage
+    from eaglenest.training.train import train_stage
 
     out = tmp_path / "train"
     outputs = [out / "checkpoint", out / "metrics.json", out / "curves.png"]
@@ -489,7 +489,7 @@ def run_train_stage(tmp_path: Path, f: dict) -> None:
 
 def test_contract_consistent_inputs_pass(tmp_path):
     """Consistent stage outputs pass, and the check says what it compared."""
-    from eaglenest.contracts import check_training_inputs
+    from eaglenest.training.contracts import check_training_inputs
 
     f = write_contract_inputs(tmp_path)
     assert check_training_inputs(f["draft_config"], f["shards"], f["t2d_npy"], f["d2t_npy"]) == {
@@ -555,7 +555,7 @@ def write_checkpoint(tmp_path: Path, *, aux=AUX, d2t=None) -> Path:
 
 
 def run_export(tmp_path: Path, ckpt: Path, f: dict) -> str:
-    from eaglenest.export import export_stage
+    from eaglenest.evaluation.export import export_stage
 
     out = tmp_path / "draft"
     with pytest.raises(EaglenestError) as e:
@@ -592,7 +592,7 @@ def test_export_checkpoint_aux_ids_differ_from_draft_config(tmp_path):
 def test_regeneration_does_not_resume_answers_of_a_replaced_target(tmp_path):
     """Answers kept for resuming belong to one target: rebuilding it at the same path starts
     afresh instead of passing the old target's answers off as the new one's."""
-    from eaglenest.regenerate import progress_path
+    from eaglenest.data.regenerate import progress_path
 
     target = tmp_path / "target"
     target.mkdir()

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from eaglenest import cli
-from eaglenest.errors import EaglenestError
-from eaglenest.hidden_states import _save, _write_manifest
-from eaglenest.server import Server, ServerError
-from eaglenest.shard_check import file_record, verify_shards
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import file_record
+from eaglenest.engine.server import Server, ServerError
+from eaglenest.hidden_states.extract import _save, _write_manifest
+from eaglenest.hidden_states.shard_check import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +112,7 @@ def test_verify_shards_command_takes_the_hidden_states_folder(shards, capsys):
 
 def test_training_refuses_a_truncated_shard_before_it_starts_anything(shards, tmp_path):
     """The train stage checks the files first: no training folder, no server released."""
-    from eaglenest.train import train_stage
+    from eaglenest.training.train import train_stage
 
     bad = shards[0] / "hs_0.safetensors"
     bad.write_bytes(bad.read_bytes()[:-1])
@@ -215,7 +216,7 @@ def _prompts(tmp_path, n: int):
 
 
 def test_regeneration_against_a_hung_server_ends_within_the_bound_and_keeps_what_was_answered(tmp_path):
-    from eaglenest.regenerate import progress_path, regenerate_responses
+    from eaglenest.data.regenerate import progress_path, regenerate_responses
 
     prompts, out, run_dir = _prompts(tmp_path, 4), tmp_path / "raw_responses.jsonl", tmp_path / "run"
     kw = {"target": "org/model", "sampling": {}, "concurrency": 1, "max_retries": 5, "request_timeout_s": 1.0}
@@ -243,7 +244,7 @@ def test_regeneration_against_a_hung_server_ends_within_the_bound_and_keeps_what
 def test_evaluation_against_a_hung_server_fails_within_twice_the_stall_timeout(tmp_path):
     """A request and its retry each wait stall_timeout_s; then the stage fails at once (the
     requests still in flight end on their own timeouts while the process exits)."""
-    from eaglenest.evaluate import generate
+    from eaglenest.evaluation.evaluate import generate
 
     prompts = [json.loads(line) for line in _prompts(tmp_path, 3).read_text().splitlines()]
     with fake_server(tmp_path, answer=0) as server:
@@ -259,7 +260,7 @@ def test_evaluation_against_a_hung_server_fails_within_twice_the_stall_timeout(t
 
 def test_a_port_answered_by_another_runs_server_is_never_taken_for_ours(tmp_path):
     """Each server has its own token: another run's server on the same port answers 401."""
-    from eaglenest.server import PortTaken, wait_healthy
+    from eaglenest.engine.server import PortTaken, wait_healthy
 
     with fake_server(tmp_path, answer=0, api_key="theirs") as theirs:
         wait_healthy(theirs, timeout_s=10)  # its own token: healthy
@@ -270,7 +271,7 @@ def test_a_port_answered_by_another_runs_server_is_never_taken_for_ours(tmp_path
 
 
 def test_start_moves_to_another_port_when_the_first_is_taken(tmp_path, monkeypatch, caplog):
-    from eaglenest import server as srv
+    from eaglenest.engine import server as srv
 
     with fake_server(tmp_path, answer=0, api_key="theirs") as theirs:
         ports = iter([theirs.port, srv.free_port()])
@@ -312,7 +313,7 @@ def _workflow(workdir, run_dir, *targets):
 
 
 def test_a_run_folder_in_use_by_another_workflow_is_refused_with_what_to_do(tmp_path):
-    from eaglenest.run_guard import claim_run_folder
+    from eaglenest.pipeline.run_guard import claim_run_folder
 
     run_dir = tmp_path / "shared_run"
     claim_run_folder(run_dir)  # another workflow (this test process) holds the run folder
@@ -386,8 +387,8 @@ def tiny_model(untrained_target) -> Path:
 
 
 def test_tokenize_on_a_full_disk_names_the_folder_and_leaves_nothing(tmp_path, small_disk, tiny_model):
-    from eaglenest.io import DiskFull
-    from eaglenest.tokenize import tokenize_stage
+    from eaglenest.core.io import DiskFull
+    from eaglenest.data.tokenize import tokenize_stage
 
     responses = tmp_path / "raw_responses.jsonl"
     rows = [
@@ -415,8 +416,8 @@ def test_tokenize_on_a_full_disk_names_the_folder_and_leaves_nothing(tmp_path, s
 def test_regeneration_on_a_full_disk_keeps_whole_answers_and_the_rerun_sends_only_the_rest(
     tmp_path, small_disk
 ):
-    from eaglenest.io import DiskFull
-    from eaglenest.regenerate import load_progress, progress_path, regenerate_responses
+    from eaglenest.core.io import DiskFull
+    from eaglenest.data.regenerate import load_progress, progress_path, regenerate_responses
 
     prompts, run_dir = _prompts(tmp_path, 40), small_disk("run", 48)
     out = run_dir / "responses" / "raw_responses.jsonl"
@@ -444,8 +445,8 @@ def test_regeneration_on_a_full_disk_keeps_whole_answers_and_the_rerun_sends_onl
 
 
 def test_extraction_on_a_full_disk_names_the_shard_and_leaves_no_part_of_it(tmp_path, small_disk, tiny_model):
-    from eaglenest.hidden_states import extract_stage
-    from eaglenest.io import DiskFull
+    from eaglenest.core.io import DiskFull
+    from eaglenest.hidden_states.extract import extract_stage
 
     tokenized = tmp_path / "tokenized_data.jsonl"
     tokenized.write_text(
@@ -486,7 +487,7 @@ def _checkpoint(folder: Path, params: int = 1000) -> Path:
 
 
 def test_training_resumes_from_the_last_whole_checkpoint_not_a_half_written_one(tmp_path):
-    from eaglenest.train import epochs_done, remove_incomplete_checkpoints
+    from eaglenest.training.train import epochs_done, remove_incomplete_checkpoints
 
     save = tmp_path / "checkpoints"
     _checkpoint(save / "0")
@@ -503,8 +504,8 @@ def test_training_resumes_from_the_last_whole_checkpoint_not_a_half_written_one(
 def test_a_checkpoint_on_a_full_disk_fails_training_with_the_folder_and_the_bytes(
     tmp_path, small_disk, monkeypatch
 ):
-    from eaglenest import train
-    from eaglenest.io import DiskFull
+    from eaglenest.core.io import DiskFull
+    from eaglenest.training import train
 
     save = small_disk("checkpoints", 64)
     _checkpoint(save / "0", params=2000)  # one whole epoch before the disk filled
@@ -522,7 +523,7 @@ def test_a_checkpoint_on_a_full_disk_fails_training_with_the_folder_and_the_byte
 
 
 def test_the_checkpoint_estimate_counts_the_drafts_parameters():
-    from eaglenest.draft_config import draft_parameter_count
+    from eaglenest.draft.config import draft_parameter_count
 
     cfg = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 1, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 32, "eaglenest": {"target_vocab_size": 2048, "draft_vocab_size": 1024}}  # fmt: skip
@@ -539,9 +540,9 @@ def test_the_checkpoint_estimate_counts_the_drafts_parameters():
 
 STAGE = """
 import json, sys
-from eaglenest.regenerate import regenerate_responses
-from eaglenest.server import Server
-from eaglenest.workflow import run_logged
+from eaglenest.data.regenerate import regenerate_responses
+from eaglenest.engine.server import Server
+from eaglenest.pipeline.workflow import run_logged
 
 a = json.loads(sys.argv[1])
 run_logged(a["log"], regenerate_responses, Server(**a["server"]), a["prompts"], a["out"], a["run_dir"],
@@ -550,7 +551,7 @@ run_logged(a["log"], regenerate_responses, Server(**a["server"]), a["prompts"], 
 
 
 def test_sigterm_unwinds_a_stage_at_once_and_keeps_its_progress(tmp_path):
-    from eaglenest.regenerate import load_progress, progress_path
+    from eaglenest.data.regenerate import load_progress, progress_path
 
     prompts, run_dir, out, stage_log = (
         _prompts(tmp_path, 6),
@@ -578,9 +579,9 @@ def test_sigterm_unwinds_a_stage_at_once_and_keeps_its_progress(tmp_path):
 
 THREADED_STAGE = """
 import json, sys
-from eaglenest.evaluate import generate
-from eaglenest.server import Server
-from eaglenest.workflow import run_logged
+from eaglenest.evaluation.evaluate import generate
+from eaglenest.engine.server import Server
+from eaglenest.pipeline.workflow import run_logged
 
 a = json.loads(sys.argv[1])
 prompts = [json.loads(line) for line in open(a["prompts"])]
@@ -625,7 +626,7 @@ def test_a_regeneration_that_loses_most_prompts_fails_at_once_and_never_retries_
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from eaglenest.regenerate import regenerate_responses
+    from eaglenest.data.regenerate import regenerate_responses
 
     posts = []
 

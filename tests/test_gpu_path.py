@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from eaglenest.errors import EaglenestError
-from eaglenest.run_estimate import job_gpus
-from eaglenest.train import gpu_split
+from eaglenest.core.errors import EaglenestError
+from eaglenest.planning.run_estimate import job_gpus
+from eaglenest.training.train import gpu_split
 
 
 def test_a_job_with_fewer_gpus_than_the_config_is_refused_naming_both(monkeypatch):
@@ -81,7 +81,7 @@ def yarn_target(tmp_path, drop=(), **text):
 def test_the_draft_keeps_the_targets_yarn_as_transformers_reads_it(tmp_path):
     from transformers import DeepseekV3Config, LlamaConfig
 
-    from eaglenest.draft_config import draft_config_stage
+    from eaglenest.draft.config import draft_config_stage
 
     folder, text = yarn_target(tmp_path)
     cfg = draft_config_stage(
@@ -100,7 +100,7 @@ def test_the_draft_keeps_the_targets_yarn_as_transformers_reads_it(tmp_path):
 
 
 def test_a_target_shape_the_draft_cannot_take_is_refused(tmp_path):
-    from eaglenest.draft_config import draft_config_stage
+    from eaglenest.draft.config import draft_config_stage
 
     folder, _ = yarn_target(tmp_path, rope_scaling={"type": "mrope", "mrope_section": [8, 12, 12]})
     with pytest.raises(EaglenestError, match=r"config.json: the target uses multimodal rope"):
@@ -113,7 +113,7 @@ def test_a_target_shape_the_draft_cannot_take_is_refused(tmp_path):
 
 
 def test_at_tensor_parallel_a_draft_is_judged_against_ngrams_noise_floor():
-    from eaglenest.evaluate import judge_against_noise_floor, ngram_identical_fraction
+    from eaglenest.evaluation.evaluate import judge_against_noise_floor, ngram_identical_fraction
 
     answers = {("held_out", str(i), 0): {"token_ids": [i], "text": "t"} for i in range(32)}
     # n-gram (lossless by construction) differs on 6 of 32 prompts: the engine's own noise.
@@ -138,7 +138,7 @@ def test_the_speculators_internals_eaglenest_relies_on_are_checked_by_name(monke
     moved (as several have on speculators' main branch) stops the trainer stage by name."""
     import speculators.train.data as data
 
-    from eaglenest.speculators_internals import check_internals, missing_internals
+    from eaglenest.training.speculators_internals import check_internals, missing_internals
 
     assert missing_internals() == []
     monkeypatch.delattr(data.ArrowDataset, "_generate_hidden_states_once")

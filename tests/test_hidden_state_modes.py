@@ -20,10 +20,10 @@ import pytest
 import torch
 from conftest import REPO, default_config, planned_jobs, snakemake, write_config
 
-from eaglenest.errors import EaglenestError
-from eaglenest.hidden_states import FP8, plan_stage, stored_tensors, validate_sample
-from eaglenest.plan import format_plan
-from eaglenest.run_estimate import estimate_hidden_states, hidden_state_bytes
+from eaglenest.core.errors import EaglenestError
+from eaglenest.hidden_states.extract import FP8, plan_stage, stored_tensors, validate_sample
+from eaglenest.planning.plan import format_plan
+from eaglenest.planning.run_estimate import estimate_hidden_states, hidden_state_bytes
 
 EXTRACTION_REQUEST = '"POST /v1/completions HTTP/1.1" 200'
 
@@ -134,7 +134,7 @@ def test_hybrid_keeps_each_sample_in_the_stored_dtype_once_validated(tmp_path, e
     from hs_connectors.transfer import FileTransfer
     from safetensors.torch import load_file, save_file
 
-    from eaglenest.online_data import KeepGenerated
+    from eaglenest.hidden_states.online import KeepGenerated
 
     spool, kept = tmp_path / "spool", tmp_path / "kept"
     spool.mkdir(), kept.mkdir()

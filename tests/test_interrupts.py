@@ -66,7 +66,7 @@ def kill_when(proc: subprocess.Popen, condition, timeout: float = 600) -> None:
 
 def wait_servers_gone(run_dir: Path, timeout: float = 60) -> None:
     """The supervisor stops the leased server once the killed workflow is gone."""
-    from eaglenest.server import pid_alive
+    from eaglenest.engine.server import pid_alive
 
     starts = run_dir / ".eaglenest" / "server" / "starts.log"
     pids = [json.loads(line)["pid"] for line in open(starts)] if starts.exists() else []

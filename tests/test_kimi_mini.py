@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglenest.errors import EaglenestError
-from eaglenest.kimi_mini import ASSETS, SPECIAL_TOKENS, build_kimi_mini, text_model, tokenizer_module
+from eaglenest.core.errors import EaglenestError
+from eaglenest.target.kimi_mini import ASSETS, SPECIAL_TOKENS, build_kimi_mini, text_model, tokenizer_module
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "tiny_target" / "corpus.jsonl"

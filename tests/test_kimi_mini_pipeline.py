@@ -68,7 +68,7 @@ def test_the_hub_id_resolves_from_the_cache_for_every_stage(kimi_mini_run):
 
 
 def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):
-    from eaglenest.target import load_target, load_tokenizer
+    from eaglenest.target.resolve import load_target, load_tokenizer
 
     run = kimi_mini_run["run_dir"]
     target = load_target(run / "target.json")
@@ -86,7 +86,7 @@ def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):
 
 
 def test_regeneration_captured_the_reasoning(kimi_mini_run):
-    from eaglenest.target import load_target, load_tokenizer
+    from eaglenest.target.resolve import load_target, load_tokenizer
 
     run = kimi_mini_run["run_dir"]
     rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
@@ -108,7 +108,7 @@ def test_nothing_to_do_after_the_run(kimi_mini_run):
 
 
 def test_a_new_snapshot_revision_reruns_the_target_stages_and_nothing_upstream(kimi_mini_run):
-    from eaglenest.target import publish_to_hub_cache
+    from eaglenest.target.resolve import publish_to_hub_cache
 
     work, cache = kimi_mini_run["workdir"], kimi_mini_run["cache"]
     ref = cache / "models--eaglenest-test--kimi-mini" / "refs" / "main"
@@ -157,9 +157,9 @@ def test_plan_states_the_cache_status(kimi_mini_run, capsys, monkeypatch):
 
 
 def test_the_transformers_backend_refuses_a_multimodal_target_by_name(kimi_mini_run, tmp_path):
-    from eaglenest.errors import EaglenestError
-    from eaglenest.hidden_states import extract_shard_transformers
-    from eaglenest.target import load_target
+    from eaglenest.core.errors import EaglenestError
+    from eaglenest.hidden_states.extract import extract_shard_transformers
+    from eaglenest.target.resolve import load_target
 
     run = kimi_mini_run["run_dir"]
     target = load_target(run / "target.json")
@@ -179,7 +179,7 @@ def test_the_transformers_backend_refuses_a_multimodal_target_by_name(kimi_mini_
 
 
 def test_no_server_is_left_running(kimi_mini_run):
-    from eaglenest.server import pid_alive
+    from eaglenest.engine.server import pid_alive
 
     server_dir = kimi_mini_run["run_dir"] / ".eaglenest" / "server"
     assert not (server_dir / "lease.json").exists()

@@ -85,7 +85,7 @@ def test_mt_bench_is_evaluated_turn_by_turn_beside_the_held_out_split(default_ru
     # vLLM rendered the second turn with no_spec's first answer in it, to the token.
     from transformers import AutoTokenizer
 
-    from eaglenest.benchmarks import turn_messages
+    from eaglenest.data.benchmarks import turn_messages
 
     tok = AutoTokenizer.from_pretrained(run / "target")
     convs = {c["id"]: c for c in read_jsonl(run / "prompts" / "benchmarks.jsonl")}
@@ -195,7 +195,7 @@ def test_one_extraction_server_serves_every_shard(default_run):
 def test_extracted_shards_match_their_manifests_byte_for_byte(default_run):
     """The manifest's checksums are taken from the bytes extraction wrote, not re-read:
     `eaglenest verify-shards --checksums` must still agree with every file."""
-    from eaglenest.shard_check import verify_shards
+    from eaglenest.hidden_states.shard_check import verify_shards
 
     shards = sorted((default_run["run_dir"] / "hidden_states").glob("shard_*"))
     assert len(shards) == default_run["config"]["hidden_states"]["num_shards"]
@@ -279,7 +279,7 @@ def test_no_server_is_left_running(default_run):
 
 
 def _alive(pid: int) -> bool:
-    from eaglenest.server import pid_alive
+    from eaglenest.engine.server import pid_alive
 
     return pid_alive(pid)
 
@@ -327,7 +327,7 @@ def test_stage_times_come_from_each_jobs_benchmark_and_match_its_job_events(defa
 def test_the_report_states_each_gpu_stages_tokens_per_s_and_the_gpu_busy_share(default_run):
     import pandas as pd
 
-    from eaglenest.job_events import gpu_busy_seconds, read_events
+    from eaglenest.pipeline.job_events import gpu_busy_seconds, read_events
 
     run = default_run["run_dir"]
     table = pd.read_csv(run / "stage_times.csv").set_index("stage")
@@ -352,7 +352,7 @@ def test_the_report_states_each_gpu_stages_tokens_per_s_and_the_gpu_busy_share(d
 
 
 def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run, tmp_path):
-    from eaglenest.hidden_states import extract_shard_transformers
+    from eaglenest.hidden_states.extract import extract_shard_transformers
 
     run = default_run["run_dir"]
     plan = json.loads((run / "hidden_states" / "plan.json").read_text())

@@ -23,11 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from conftest import job_timeline
 
 from eaglenest import cli
-from eaglenest.job_events import HEARTBEAT_S, event_files, read_events
-from eaglenest.job_order import gpu_stages
-from eaglenest.plan import dry_run, make_plan
-from eaglenest.rerun_reasons import CODE, MISSING, PARAMS, STALE, UPSTREAM, classify_reason
-from eaglenest.run_estimate import estimate_hidden_states
+from eaglenest.pipeline.job_events import HEARTBEAT_S, event_files, read_events
+from eaglenest.pipeline.job_order import gpu_stages
+from eaglenest.pipeline.rerun_reasons import CODE, MISSING, PARAMS, STALE, UPSTREAM, classify_reason
+from eaglenest.planning.plan import dry_run, make_plan
+from eaglenest.planning.run_estimate import estimate_hidden_states
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_ORDER = ["regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"]
@@ -303,7 +303,7 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     whether its weights fit the GPUs, and the engine fallback to try on a GPU."""
     import huggingface_hub.constants as constants
 
-    from eaglenest.target import publish_to_hub_cache
+    from eaglenest.target.resolve import publish_to_hub_cache
 
     empty = tmp_path / "empty-hub"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(empty))
@@ -382,8 +382,8 @@ def test_config_entries_mean_what_they_mean_to_snakemake():
     as the workflow will see it), and a malformed entry is a clear error."""
     from snakemake.cli import parse_config
 
-    from eaglenest.errors import EaglenestError
-    from eaglenest.run_config import parse_config_entries
+    from eaglenest.core.errors import EaglenestError
+    from eaglenest.pipeline.run_config import parse_config_entries
 
     entries = ["gpus=8", "lr=0.5", "flag=true", "Flag=True", "ids=[1, 2]", "name=x"]
     assert parse_config_entries(entries) == parse_config(entries)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglenest.errors import EaglenestError
-from eaglenest.prompts import (
+from eaglenest.core.errors import EaglenestError
+from eaglenest.data.prompts import (
     BUNDLED_DIR,
     DROP_REASONS,
     normalise_row,
@@ -207,7 +207,7 @@ def test_ids_stable_across_runs_and_formats(tmp_path):
 
 
 def test_ids_stable_in_a_fresh_interpreter():
-    code = "from eaglenest.prompts import prompt_id;print(prompt_id([{'role': 'user', 'content': 'héllo'}]))"
+    code = "from eaglenest.data.prompts import prompt_id;print(prompt_id([{'role': 'user', 'content': 'héllo'}]))"
     env = dict(os.environ, PYTHONHASHSEED="123")
     other = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
@@ -347,8 +347,8 @@ HF_SCRIPT = textwrap.dedent("""
     import json, sys
     import pyarrow as pa, pyarrow.parquet as pq
     from pathlib import Path
-    from eaglenest.errors import EaglenestError
-    from eaglenest.prompts import prepare_stage
+    from eaglenest.core.errors import EaglenestError
+    from eaglenest.data.prompts import prepare_stage
 
     tmp = Path(sys.argv[1])
     (tmp / "sharegpt" / "data").mkdir(parents=True)
@@ -459,7 +459,7 @@ def test_source_with_no_usable_rows_is_an_error(tmp_path):
 
 
 def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
-    import eaglenest.prompts as mod
+    import eaglenest.data.prompts as mod
 
     a = write_jsonl(tmp_path / "a.jsonl", plain(5))
     calls = []

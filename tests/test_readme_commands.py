@@ -14,8 +14,8 @@ import pytest
 import yaml
 from conftest import folder_bytes, fresh_clone, planned_jobs, snakemake, users_model, write_config
 
-from eaglenest.run_config import load_config
-from eaglenest.target import publish_to_hub_cache, repo_cache_folder
+from eaglenest.pipeline.run_config import load_config
+from eaglenest.target.resolve import publish_to_hub_cache, repo_cache_folder
 
 # The files build_tiny_target declares as outputs (rules/common.smk, TARGET_FILES): Snakemake
 # deletes them before the job runs.

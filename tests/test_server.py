@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from eaglenest.server import (
+from eaglenest.engine.server import (
     ServerSpec,
     group_members,
     loopback_without_proxy,

@@ -7,7 +7,7 @@ import sys
 
 import pandas as pd
 
-from eaglenest.summary import read_benchmark, summarize_stage_times
+from eaglenest.report.summary import read_benchmark, summarize_stage_times
 
 SNAKEFILE = """\
 rule all:

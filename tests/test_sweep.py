@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from conftest import default_config, job_timeline, planned_jobs, snakemake, write_config
 
-from eaglenest.errors import EaglenestError
-from eaglenest.sweep import plan_variants, train_hp, training_subset
-from eaglenest.variant_comparison import compare_stage, fit_data_scaling, validation_estimate
+from eaglenest.core.errors import EaglenestError
+from eaglenest.report.variant_comparison import compare_stage, fit_data_scaling, validation_estimate
+from eaglenest.training.sweep import plan_variants, train_hp, training_subset
 
 VARIANT_RULES = {
     "build_vocab_mapping_variant",
@@ -206,7 +206,7 @@ def test_comparison_sets_each_variant_beside_the_trainers_estimate(tmp_path):
 
 
 def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path):
-    from eaglenest.evaluate import reference_answers
+    from eaglenest.evaluation.evaluate import reference_answers
 
     ref = tmp_path / "outputs.jsonl"
     rows = [
@@ -227,7 +227,7 @@ def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path)
 def test_a_subset_links_each_picked_row_to_its_own_hidden_states(tmp_path):
     from datasets import load_from_disk
 
-    from eaglenest.train import link_training_data
+    from eaglenest.training.train import link_training_data
 
     tokenized = tmp_path / "tokenized.jsonl"
     tokenized.write_text(

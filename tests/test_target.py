@@ -12,9 +12,10 @@ import pytest
 import torch
 from conftest import folder_bytes
 
-from eaglenest.draft_config import draft_config_stage
-from eaglenest.errors import EaglenestError
-from eaglenest.target import (
+from eaglenest.core.errors import EaglenestError
+from eaglenest.data.vocab import MappingPaths, build_vocab_mapping
+from eaglenest.draft.config import draft_config_stage
+from eaglenest.target.resolve import (
     cache_key_file,
     cache_status,
     is_hub_id,
@@ -25,7 +26,6 @@ from eaglenest.target import (
     resolve_target,
     text_config,
 )
-from eaglenest.vocab import MappingPaths, build_vocab_mapping
 
 REPO_ID = "eaglenest-test/nested"
 
@@ -176,7 +176,7 @@ def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_pat
 
 
 def test_a_llama_build_goes_only_where_nothing_is_or_into_its_own_earlier_folder(tmp_path):
-    from eaglenest.target import BUILD_MARKER, check_build_destination
+    from eaglenest.target.resolve import BUILD_MARKER, check_build_destination
 
     check_build_destination(str(tmp_path / "new"), "llama")  # nothing there yet
     (tmp_path / "empty").mkdir()
@@ -195,8 +195,8 @@ def test_a_llama_build_goes_only_where_nothing_is_or_into_its_own_earlier_folder
     ],
 )
 def test_a_llama_build_refuses_a_folder_it_did_not_write_before_touching_it(tmp_path, marker, why):
-    from eaglenest.target import BUILD_MARKER
-    from eaglenest.tiny_target import build_tiny_target
+    from eaglenest.target.resolve import BUILD_MARKER
+    from eaglenest.target.tiny import build_tiny_target
 
     user = model_folder(tmp_path / "my-model", {"model_type": "llama"})
     (user / "tokenizer.json").write_text("{}")
@@ -211,7 +211,7 @@ def test_a_llama_build_refuses_a_folder_it_did_not_write_before_touching_it(tmp_
 
 
 def test_a_llama_build_refuses_a_file_at_the_target_path(tmp_path):
-    from eaglenest.target import check_build_destination
+    from eaglenest.target.resolve import check_build_destination
 
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     with pytest.raises(
@@ -222,7 +222,7 @@ def test_a_llama_build_refuses_a_file_at_the_target_path(tmp_path):
 
 
 def test_the_miniature_is_published_only_into_a_cache_repo_of_its_own(tmp_path):
-    from eaglenest.target import BUILD_MARKER, check_build_destination, repo_cache_folder
+    from eaglenest.target.resolve import BUILD_MARKER, check_build_destination, repo_cache_folder
 
     cache = tmp_path / "hub"
     check_build_destination(REPO_ID, "kimi_k25", cache)  # no such repository cached
@@ -244,7 +244,7 @@ def test_the_miniature_is_published_only_into_a_cache_repo_of_its_own(tmp_path):
 
 
 def test_the_miniature_refuses_a_cache_whose_ref_names_a_snapshot_it_did_not_publish(tmp_path):
-    from eaglenest.target import check_build_destination, repo_cache_folder
+    from eaglenest.target.resolve import check_build_destination, repo_cache_folder
 
     refs = repo_cache_folder(REPO_ID, tmp_path) / "refs"
     refs.mkdir(parents=True)

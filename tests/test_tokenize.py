@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from eaglenest.chat_turns import ChatTurns
-from eaglenest.errors import EaglenestError
-from eaglenest.target import load_tokenizer
-from eaglenest.tokenize import (
+from eaglenest.core.errors import EaglenestError
+from eaglenest.data.chat_turns import ChatTurns
+from eaglenest.data.tokenize import (
     assistant_mask,
     chat_template_hash,
     encode_rows,
@@ -27,6 +26,7 @@ from eaglenest.tokenize import (
     tokenize_stage,
     training_rows,
 )
+from eaglenest.target.resolve import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -507,7 +507,7 @@ def test_snakemake_adapter(tmp_path, make_target):
 
 
 def test_tiny_target(tmp_path):
-    from eaglenest.tiny_target import build_tiny_target  # part of the package: a failed import is a failure
+    from eaglenest.target.tiny import build_tiny_target  # part of the package: a failed import is a failure
 
     prompts = write_rows(tmp_path / "prompts.jsonl", [
         {"id": str(i), "messages": [{"role": "user", "content": c}]} for i, c in enumerate(CORPUS)
@@ -534,7 +534,7 @@ def test_tiny_target(tmp_path):
 def kimi_target(tmp_path_factory):
     """The Kimi-K2.5 miniature's folder, untrained: its remote-code tiktoken tokenizer has no
     character offsets, and Kimi-K2-Thinking's template renders it."""
-    from eaglenest.kimi_mini import build_kimi_mini
+    from eaglenest.target.kimi_mini import build_kimi_mini
 
     return build_kimi_mini(
         tmp_path_factory.mktemp("kimi") / "model",
@@ -607,7 +607,7 @@ def test_worker_processes_write_the_same_bytes_as_one(
     the same bytes as the single-process run's. The single-process run goes first in the same
     process, so a fast tokenizer's thread pool is running when the workers fork (a worker that
     used the inherited pool would wait forever)."""
-    import eaglenest.tokenize as tokenize_mod
+    import eaglenest.data.tokenize as tokenize_mod
 
     fast = tokenizer.startswith("fast")
     target = make_target(CHATML) if fast else kimi_target

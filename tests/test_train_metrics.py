@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from eaglenest.train import EpochMetricsFile, collect_metrics, plot_curves
+from eaglenest.training.train import EpochMetricsFile, collect_metrics, plot_curves
 
 
 def _log_epoch(logger, epoch, train_losses, val_loss):
@@ -55,7 +55,7 @@ def test_no_record_yet_is_an_empty_history(tmp_path):
 
 
 def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
-    from eaglenest.train import trainer_args, trainer_command
+    from eaglenest.training.train import trainer_args, trainer_command
 
     args = trainer_args(
         target="/models/k",
@@ -101,7 +101,7 @@ def whole_checkpoint(folder, size: int = 1000):
 def test_a_finished_training_prunes_superseded_specs_and_its_earlier_epochs(tmp_path):
     """A sweep of 4 variants, each retrained once with a new setting: the old specs' folders go,
     other variants' stay, and of the finished spec only its last epoch is kept."""
-    from eaglenest.train import OWNER_FILE, epochs_done, prune_after_training
+    from eaglenest.training.train import OWNER_FILE, epochs_done, prune_after_training
 
     train = tmp_path / ".eaglenest" / "train"
     outputs = [tmp_path / "variants" / f"v{i}" / "train" / "checkpoint" for i in range(4)]

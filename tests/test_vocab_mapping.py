@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from eaglenest import cli
-from eaglenest.errors import EaglenestError
-from eaglenest.vocab import (
+from eaglenest.core.errors import EaglenestError
+from eaglenest.data.vocab import (
     MappingPaths,
     build_vocab_mapping,
     compute_vocab_mapping,
@@ -280,8 +280,8 @@ def test_bad_target_config(tmp_path, config, problem):
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     """A late failure (the plot) or a rename failing part-way removes what had landed."""
-    import eaglenest.io
-    import eaglenest.vocab
+    import eaglenest.core.io
+    import eaglenest.data.vocab
 
     freq = save(tmp_path / "tf.pt", torch.arange(16))
     out = tmp_path / "out"
@@ -289,7 +289,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     def broken_plot(tmp, mapping):
         raise OSError("disk full")
 
-    monkeypatch.setattr(eaglenest.vocab, "_plot_into", broken_plot)
+    monkeypatch.setattr(eaglenest.data.vocab, "_plot_into", broken_plot)
     with pytest.raises(OSError, match="disk full"):
         build_vocab_mapping(freq, 4, MappingPaths.in_dir(out, coverage_plot=out / "c.png"))
     assert list(out.iterdir()) == []
@@ -303,7 +303,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
             raise OSError("rename failed")
         real_replace(src, dst)
 
-    monkeypatch.setattr(eaglenest.io.os, "replace", flaky_replace)
+    monkeypatch.setattr(eaglenest.core.io.os, "replace", flaky_replace)
     with pytest.raises(OSError, match="rename failed"):
         build_vocab_mapping(freq, 4, MappingPaths.in_dir(out))
     monkeypatch.undo()

@@ -6,7 +6,7 @@ returns it with --per-request-spec-decode-metrics, for the parsing test in test_
 It serves the target (SmolLM2-135M-Instruct as config/smollm2.yaml imports it, for the recorded
 file) with n-gram speculation at k = 3 and asks MT-Bench's first question, then its second turn
 ("Rewrite your previous response...", which n-gram drafts from) after the served answer, greedy,
-96 tokens each, as eaglenest's evaluation does (eaglenest.evaluate.generate). The second
+96 tokens each, as eaglenest's evaluation does (eaglenest.evaluation.evaluate.generate). The second
 response is recorded.
 """
 
@@ -14,10 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-from eaglenest.benchmarks import MT_BENCH, read_benchmark, turn_messages
-from eaglenest.evaluate import method_spec
-from eaglenest.io import installed_package_file
-from eaglenest.server import SERVED_NAME, serving
+from eaglenest.core.io import installed_package_file
+from eaglenest.data.benchmarks import MT_BENCH, read_benchmark, turn_messages
+from eaglenest.engine.server import SERVED_NAME, serving
+from eaglenest.evaluation.evaluate import method_spec
 
 target, scratch = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
 base = ("--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager")

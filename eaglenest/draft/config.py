@@ -1,0 +1,151 @@
+"""The draft's decoder config, derived from the target's.
+
+EAGLE-3's draft layer works in the target's hidden space, so its shape comes from the target;
+only the number of layers and the context length are choices. The file is a plain `LlamaConfig`
+(what speculators' `--draft-config` reads) with an `eaglenest` block recording the contract the
+later stages check: aux layer ids, vocabulary sizes and the target's layer count.
+"""
+
+from __future__ import annotations
+
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import write_json
+from eaglenest.target.resolve import read_config, read_shape, text_config
+
+
+def draft_parameter_count(cfg: dict) -> int:
+    """Parameters of speculators' EAGLE-3 draft for a draft config (draft_config.json): the
+    target-vocabulary embedding, the fc layer that folds the three aux layers into one, the
+    decoder layers (the first reads embedding and hidden state side by side, 2 x hidden), the
+    final norm and the draft-vocabulary head."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    vocab, draft_vocab = cfg["eaglenest"]["target_vocab_size"], cfg["eaglenest"]["draft_vocab_size"]
+    total = vocab * h + 3 * h * h + h + draft_vocab * h
+    for layer in range(layers):
+        width = 2 * h if layer == 0 else h
+        total += width * (q + 2 * kv) + q * h + 3 * h * inter + width + h
+    return total
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's usual choice: an early, a middle and a late layer."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[int]:
+    ids = list(configured) if configured else default_aux_layer_ids(num_layers)
+    if len(ids) != 3:
+        raise EaglenestError(f"aux_layer_ids must name 3 layers, got {ids}", source)
+    if len(set(ids)) != len(ids):
+        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} layers)", source)
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}", source)
+    return ids
+
+
+def draft_rope_parameters(tcfg: dict, source) -> tuple[dict, str | None]:
+    """The target's RoPE as the draft's one rope, in transformers 5's `rope_parameters` (from
+    the legacy `rope_scaling` + `rope_theta` where the target's config.json has those), and
+    what was derived. Like speculators' own draft builder, the legacy `type` alias and a
+    partial rotary factor are dropped (the draft's layer rotates its whole head). Rope layouts a
+    single Llama rope cannot carry are refused."""
+    params = tcfg.get("rope_parameters")
+    derived = None
+    if params is None:
+        legacy = dict(tcfg.get("rope_scaling") or {})
+        kind = legacy.pop("rope_type", legacy.pop("type", "default"))
+        params = {"rope_type": kind, "rope_theta": tcfg.get("rope_theta", 10000.0), **legacy}
+        derived = "rope_scaling and rope_theta (the legacy keys) as rope_parameters"
+        if "rope_theta" not in tcfg:
+            derived += "; rope_theta 10000 (transformers' default: the target names none)"
+    params = dict(params)
+    if "rope_theta" not in params:
+        raise EaglenestError(
+            f"the target's rope_parameters differ per layer type ({', '.join(sorted(params))}): "
+            "the draft's single rope cannot carry them",
+            source,
+        )
+    if "mrope_section" in params:
+        raise EaglenestError(
+            "the target uses multimodal rope (mrope_section): the draft's Llama layer rotates plain positions",
+            source,
+        )
+    params.pop("type", None)
+    if params.pop("partial_rotary_factor", None) is not None:
+        derived = (
+            derived + "; " if derived else ""
+        ) + "partial_rotary_factor dropped (the draft rotates its whole head)"
+    params.setdefault("rope_type", "default")
+    return params, derived
+
+
+def draft_config_stage(
+    target_dir,
+    out_path,
+    *,
+    aux_layer_ids: list[int],
+    draft_vocab_size: int,
+    draft_layers: int = 1,
+    max_position_embeddings: int | None = None,
+) -> dict:
+    shape = read_shape(target_dir)
+    config, config_path = read_config(target_dir)
+    tcfg = text_config(config)
+    n, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
+    aux = resolve_aux_layer_ids(aux_layer_ids, n, config_path)
+    if not 1 <= draft_vocab_size <= vocab:
+        raise EaglenestError(
+            f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the target's vocabulary)",
+            config_path,
+        )
+    missing = [k for k in ("num_attention_heads", "intermediate_size", "rms_norm_eps") if k not in tcfg]
+    if missing:
+        raise EaglenestError(
+            f"the target's text config has no {', '.join(missing)}: the draft's layer cannot be "
+            "shaped like it (a target whose shape cannot be mapped is refused, not approximated)",
+            config_path,
+        )
+    heads = tcfg["num_attention_heads"]
+    # What the draft takes other than by copying the target's own key, and why.
+    derived = {}
+    if "head_dim" not in tcfg:
+        derived["head_dim"] = "hidden_size / num_attention_heads: the target has no head_dim (MLA)"
+    if "num_key_value_heads" not in tcfg:
+        derived["num_key_value_heads"] = "num_attention_heads: the target has no num_key_value_heads"
+    if "max_position_embeddings" not in tcfg:
+        derived["max_position_embeddings"] = "vllm.max_model_len: the target has no max_position_embeddings"
+    rope, rope_derived = draft_rope_parameters(tcfg, config_path)
+    if rope_derived:
+        derived["rope_parameters"] = rope_derived
+    cfg = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": tcfg["intermediate_size"],
+        "num_hidden_layers": draft_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": tcfg.get("num_key_value_heads", heads),
+        # MLA targets (DeepSeek-V3, Kimi) have no head_dim: the draft is a plain Llama layer.
+        "head_dim": tcfg.get("head_dim", hidden // heads),
+        "hidden_act": "silu",
+        "rms_norm_eps": tcfg["rms_norm_eps"],
+        "vocab_size": vocab,
+        # The draft must cover the target's serving context.
+        "max_position_embeddings": max(max_position_embeddings or 0, tcfg.get("max_position_embeddings", 0)),
+        # The target's positions, scaling included (Kimi's YaRN): speculators' trainer and
+        # vLLM's draft both read transformers 5's rope_parameters.
+        "rope_parameters": rope,
+        "tie_word_embeddings": False,
+        "eaglenest": {
+            "aux_layer_ids": aux,
+            "target_num_layers": n,
+            "target_vocab_size": vocab,
+            "draft_vocab_size": draft_vocab_size,
+            "hidden_size": hidden,
+            "derived": derived,
+        },
+    }
+    write_json(out_path, cfg)
+    return cfg

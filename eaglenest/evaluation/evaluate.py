@@ -1,0 +1,722 @@
+"""Measure acceptance in vLLM: the number a user cares about.
+
+On the held-out prompts, greedy, vLLM serves the target four ways: no speculation, n-gram
+speculation, an untrained draft (the floor) and the trained draft, each with the same
+`num_speculative_tokens`. Acceptance comes from vLLM's own spec-decode counters (`/metrics`,
+read before and after, so only this run's requests count). Speculation must be lossless: each
+method's greedy outputs are compared with those of no speculation. A sweep's variant serves its
+trained draft alone and is compared with the run's own no-speculation outputs.
+
+Each method also answers the configured benchmarks (eaglenest.data.benchmarks: MT-Bench and local
+sets), turn by turn, on the same server; their figures come from each response's own
+spec-decode metrics (`--per-request-spec-decode-metrics`), so they break down by benchmark,
+category, turn and request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+from eaglenest.core.io import iter_jsonl
+from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
+from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch
+
+log = logging.getLogger(__name__)
+
+METHODS = ("no_spec", "ngram", "untrained_draft", "draft")
+_METRIC = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)$")
+
+
+def method_spec(
+    method: str,
+    target: str,
+    base_args: tuple,
+    env: tuple,
+    *,
+    k: int,
+    draft_dir=None,
+    ngram: dict | None = None,
+) -> ServerSpec:
+    args = list(base_args)
+    if method == "ngram":
+        ngram = ngram or {}
+        args += [
+            "--speculative-config",
+            json.dumps(
+                {
+                    "method": "ngram",
+                    "num_speculative_tokens": k,
+                    "prompt_lookup_min": ngram.get("prompt_lookup_min", 2),
+                    "prompt_lookup_max": ngram.get("prompt_lookup_max", 4),
+                }
+            ),
+        ]
+    elif method in ("draft", "untrained_draft"):
+        args += [
+            "--speculative-config",
+            json.dumps(
+                {"method": "eagle3", "model": str(Path(draft_dir).resolve()), "num_speculative_tokens": k}
+            ),
+        ]
+    elif method != "no_spec":
+        raise ValueError(f"unknown method {method}")
+    if method != "no_spec":  # vLLM refuses the flag without speculation
+        args += ["--per-request-spec-decode-metrics", "summary"]  # each response's own acceptance
+    return ServerSpec(model=target, args=tuple(args), env=env)
+
+
+def read_spec_metrics(server: Server) -> dict:
+    """vLLM's spec-decode counters: totals and accepted tokens per draft position."""
+    text = urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10).read().decode()
+    out: dict = {"per_pos": {}}
+    for line in text.splitlines():
+        m = _METRIC.match(line.strip())
+        if not m or line.startswith("#"):
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+        if name.endswith("_created"):
+            continue
+        pos = re.search(r'position="(\d+)"', labels)
+        if name == "vllm:spec_decode_num_accepted_tokens_per_pos" and pos:
+            out["per_pos"][int(pos.group(1))] = out["per_pos"].get(int(pos.group(1)), 0) + value
+        else:
+            out[name.removeprefix("vllm:spec_decode_")] = (
+                out.get(name.removeprefix("vllm:spec_decode_"), 0) + value
+            )
+    return out
+
+
+def acceptance_from_counters(before: dict, after: dict, k: int) -> dict:
+    drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
+    draft_tokens = after.get("num_draft_tokens", 0) - before.get("num_draft_tokens", 0)
+    accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
+    per_pos = [after["per_pos"].get(i, 0) - before["per_pos"].get(i, 0) for i in range(k)]
+    if drafts <= 0:
+        return {
+            "num_drafts": 0,
+            "mean_acceptance_length": 1.0,
+            "acceptance_rate": 0.0,
+            "per_position_acceptance": [0.0] * k,
+        }
+    return {
+        "num_drafts": int(drafts),
+        "num_draft_tokens": int(draft_tokens),
+        "num_accepted_tokens": int(accepted),
+        # Each target step yields the accepted draft tokens plus the one the target adds.
+        "mean_acceptance_length": 1.0 + accepted / drafts,  # vLLM's definition: per draft
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "per_position_acceptance": [a / drafts for a in per_pos],
+    }
+
+
+def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: int, stall_timeout_s: float):
+    """Greedy completions (token ids and text) for every prompt; returns (outputs, seconds).
+    Every prompt must be answered (the methods are compared prompt by prompt): a request that
+    fails twice, or a server silent for `stall_timeout_s`, fails the stage."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    client = openai.OpenAI(
+        base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
+    )
+    watch = StallWatch(server, stall_timeout_s)
+
+    def one(p):
+        try:
+            r = client.chat.completions.create(
+                model=SERVED_NAME,
+                messages=p["messages"],
+                max_tokens=max_tokens,
+                temperature=0.0,
+                extra_body={"return_token_ids": True, "ignore_eos": False},
+            )
+        except openai.APIError as e:
+            watch.check(e)
+            raise ServerError(f"prompt {p['id']}: the server failed it twice: {e}", server.log_path) from e
+        watch.answered()
+        return response_row(p["id"], r.model_dump())
+
+    t0 = time.monotonic()
+    pool = ThreadPoolExecutor(concurrency)
+    try:
+        outs = list(pool.map(one, prompts))
+    finally:  # on a failure, fail now: queued prompts are dropped, not sent to a hung server
+        pool.shutdown(wait=False, cancel_futures=True)
+    return outs, time.monotonic() - t0
+
+
+def response_row(prompt_id: str, response: dict) -> dict:
+    """What evaluation keeps of one chat-completion response (its JSON body): the greedy text
+    and token ids, the token counts, and vLLM's per-request spec-decode metrics (None without
+    speculation)."""
+    choice = response["choices"][0]
+    return {
+        "id": prompt_id,
+        "text": choice["message"].get("content") or "",
+        "token_ids": choice.get("token_ids"),
+        "prompt_tokens": response["usage"]["prompt_tokens"],
+        "completion_tokens": response["usage"]["completion_tokens"],
+        "spec": (response.get("metrics") or {}).get("speculative_decoding"),
+    }
+
+
+def evaluate_method(
+    server: Server,
+    prompts: list[dict],
+    *,
+    k: int,
+    max_tokens: int,
+    concurrency: int,
+    spec_decoding: bool,
+    stall_timeout_s: float,
+) -> tuple[dict, list[dict]]:
+    before = read_spec_metrics(server) if spec_decoding else None
+    outs, seconds = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
+    tokens = sum(o["completion_tokens"] for o in outs)
+    if spec_decoding:
+        result = acceptance_from_counters(before, read_spec_metrics(server), k)
+    else:
+        result = {
+            "num_drafts": 0,
+            "mean_acceptance_length": 1.0,
+            "acceptance_rate": None,
+            "per_position_acceptance": None,
+        }
+    result.update(
+        {
+            "output_tokens": tokens,
+            "seconds": round(seconds, 3),
+            "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+        }
+    )
+    # vLLM's figure averages over the steps that drafted; n-gram drafts only where it finds a
+    # match. Tokens per target step over ALL steps is what a user gets, so that is the headline
+    # `mean_acceptance_length`; vLLM's own figure stays as `..._per_draft`. Every target step
+    # yields one token of its own plus the drafts it accepted.
+    accepted = result.get("num_accepted_tokens", 0)
+    result["mean_acceptance_length_per_draft"] = result["mean_acceptance_length"]
+    result["mean_acceptance_length"] = tokens / (tokens - accepted) if tokens > accepted else 1.0
+    return result, outs
+
+
+def lossless(reference: list[dict], outs: list[dict]) -> tuple[bool, list[str]]:
+    """Greedy speculation must reproduce the outputs without it, token for token."""
+    differ = [
+        o["id"]
+        for r, o in zip(reference, outs, strict=True)
+        if (r["token_ids"], r["text"]) != (o["token_ids"], o["text"])
+    ]
+    return not differ, differ
+
+
+def tensor_parallel_size(base_args) -> int:
+    args = list(base_args)
+    return int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
+
+
+def judge_against_noise_floor(results: dict, floor: float, prompts: int) -> None:
+    """Across tensor-parallel ranks a correct draft's greedy outputs can differ from no
+    speculation's: verification runs other batch shapes, and vLLM's reductions are not
+    bit-reproducible. n-gram drafting is always right or wrong by table lookup, so what
+    differs under it is the engine's own noise: its identical fraction is the floor. A draft
+    is lossless when its identical fraction is within two binomial standard errors (and one
+    prompt) of that floor; far below it is a speculation bug. The strict figure is kept."""
+    margin = 2 * (floor * (1 - floor) / prompts) ** 0.5 + 1 / prompts
+    for method, r in results.items():
+        if method in ("no_spec", "ngram"):
+            continue
+        r["lossless_bit_exact"] = r["lossless"]
+        r["lossless"] = r["identical_fraction"] >= floor - margin
+        r["noise_floor"] = {"ngram_identical_fraction": floor, "margin": round(margin, 4)}
+
+
+def ngram_identical_fraction(rows: list[dict], answers: dict, set_name: str = HELD_OUT) -> float | None:
+    """n-gram's share of a set's outputs equal to no speculation's (the noise floor)."""
+    ngram = [r for r in rows if r["method"] == "ngram" and r.get("set", HELD_OUT) == set_name]
+    if not ngram:
+        return None
+    _, differ = lossless([answers[(set_name, r["id"], r.get("turn", 0))] for r in ngram], ngram)
+    return 1 - len(differ) / len(ngram)
+
+
+def lossless_meaning(tp: int, noise_floor: float | None) -> str:
+    """What `lossless` proves on this server: bit-identical greedy outputs where the engine is
+    reproducible; against n-gram's identical fraction (`noise_floor`) where it is not."""
+    if noise_floor is None:
+        return (
+            "greedy outputs of each method compared token for token with no speculation; "
+            "n-gram's were identical, so any difference is a speculation bug"
+        )
+    return (
+        f"greedy outputs compared token for token with no speculation: even n-gram's differ on "
+        f"{1 - noise_floor:.0%} of the held-out prompts (tensor parallel {tp}; 16-bit kernels "
+        "verify in other batch shapes than they decode), so a draft is judged against that "
+        "noise floor (`noise_floor`; the strict comparison is `lossless_bit_exact`)"
+    )
+
+
+def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
+    """The floor: the trained checkpoint's config, vocabulary mapping and (frozen, target-owned)
+    embeddings with fresh trainable weights."""
+    import shutil
+
+    # torch here only: the workflow imports this module for METHODS when it plans, and torch
+    # would add a second to every Snakemake call.
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from eaglenest.core.io import atomic_path
+
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        for f in Path(trained_dir).iterdir():
+            if f.suffix == ".json" and f.name == "config.json":
+                shutil.copy(f, tmp / f.name)
+        gen = torch.Generator().manual_seed(seed)
+        weights = load_file(str(Path(trained_dir) / "model.safetensors"))
+        fresh = {}
+        for name, w in weights.items():
+            if name in ("d2t", "t2d") or "embed_tokens" in name or not w.is_floating_point():
+                fresh[name] = w
+            elif "norm" in name:
+                fresh[name] = torch.ones_like(w)
+            else:
+                fresh[name] = (torch.randn(w.shape, generator=gen) * 0.02).to(w.dtype)
+        save_file(fresh, str(tmp / "model.safetensors"))
+    return Path(out_dir)
+
+
+def load_eval_prompts(path) -> list[dict]:
+    return [{"id": r["id"], "messages": r["messages"]} for r in iter_jsonl(path)]
+
+
+def plot_per_position(results: dict, out_png, title: str = "Per-position acceptance") -> None:
+    """Grouped bars: for each draft position 1..k, each entry of `results` (a method, or a
+    sweep's variant) with a per_position_acceptance list."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglenest.core.io import atomic_path
+
+    methods = [m for m in results if results[m].get("per_position_acceptance")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    # One group of bars per draft position 1..k, the methods side by side within it.
+    width = 0.8 / max(len(methods), 1)
+    positions = max((len(results[m]["per_position_acceptance"]) for m in methods), default=0)
+    for j, m in enumerate(methods):
+        acc = results[m]["per_position_acceptance"]
+        offset = (j - (len(methods) - 1) / 2) * width
+        bars = ax.bar([k + 1 + offset for k in range(len(acc))], acc, width, label=m)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(1, positions + 1))
+    ax.set(
+        xlabel="draft position (k-th proposed token)",
+        ylabel="acceptance rate",
+        ylim=(0, 1.3),  # room above the bars for the legend
+        title=title,
+    )
+    ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    if methods:
+        ax.legend(loc="upper center", ncol=min(3, len(methods)), fontsize="small")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def write_table(results: dict, out_csv) -> None:
+    import pandas as pd
+
+    from eaglenest.core.io import atomic_path
+
+    cols = [
+        "mean_acceptance_length",
+        "acceptance_rate",
+        "output_tokens_per_s",
+        "lossless",
+        "identical_fraction",
+    ]
+    df = pd.DataFrame([{"method": m, **{c: r.get(c) for c in cols}} for m, r in results.items()])
+    with atomic_path(out_csv) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def evaluate_stage(
+    *,
+    run_dir,
+    target,
+    draft_dir,
+    prompts_path,
+    metadata_path,
+    server_cfg: dict,
+    k: int,
+    max_tokens: int,
+    concurrency: int,
+    ngram: dict,
+    out_json,
+    out_csv,
+    out_png,
+    out_outputs,
+    benchmarks_path=None,
+    out_sets=None,
+    out_requests=None,
+    out_request_png=None,
+    methods=METHODS,
+    reference_outputs=None,
+) -> dict:
+    """The `evaluate_acceptance` rule: each of `methods` on one server each, the held-out
+    prompts then every benchmark conversation of `benchmarks_path` (eaglenest.data.benchmarks),
+    turn by turn. Every greedy output goes to `out_outputs` (JSONL: method, set, id, turn,
+    token_ids, text). Without no_spec among `methods` (a sweep's variant), losslessness and the
+    earlier turns' answers come from the no_spec outputs in `reference_outputs`, an earlier
+    evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.resolve.Target)."""
+    from eaglenest.core.errors import EaglenestError
+    from eaglenest.core.io import read_json, read_jsonl, write_json, write_jsonl
+
+    meta = read_json(metadata_path)
+    check_template(target, meta.get("chat_template_hash"), metadata_path)
+    prompts = load_eval_prompts(prompts_path)
+    if not prompts:
+        raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
+    conversations = read_jsonl(benchmarks_path) if benchmarks_path else []
+    # no_spec's outputs by (set, id, turn): the reference every method must equal, and the
+    # answers a conversation's later turns are asked after.
+    answers = {} if "no_spec" in methods else reference_answers(reference_outputs, prompts, conversations)
+    drafts = {"draft": draft_dir}
+    if "untrained_draft" in methods:
+        drafts["untrained_draft"] = make_untrained_draft(
+            draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft"
+        )
+    gen = {
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+        "stall_timeout_s": server_cfg["stall_timeout_s"],
+    }
+    results: dict = {}
+    per_set: dict = {}
+    stored: list[dict] = []
+    for method in methods:
+        with method_server(
+            method, target, server_cfg, run_dir, k=k, ngram=ngram, draft_dir=drafts.get(method)
+        ) as server:
+            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
+            outs = [{**o, "set": HELD_OUT, "turn": 0, "category": "all"} for o in outs]
+            if method == "no_spec":
+                answers.update({(o["set"], o["id"], 0): o for o in outs})
+            sets = {HELD_OUT: (outs, result["seconds"], [])}
+            for name in dict.fromkeys(c["benchmark"] for c in conversations):
+                convs = [c for c in conversations if c["benchmark"] == name]
+                sets[name] = ask_conversations(
+                    server, convs, answers, is_reference=method == "no_spec", **gen
+                )
+        stored += outs_of(method, sets)
+        result.update(lossless_fields(outs, answers))
+        log.info(
+            "%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s",
+            method,
+            result["mean_acceptance_length"],
+            result["acceptance_rate"],
+            result["output_tokens_per_s"] or 0,
+            result["lossless"],
+        )
+        results[method] = result
+        per_set[method] = {name: set_figures(*asked, answers, k) for name, asked in sets.items()}
+    # Where the engine is not bit-reproducible (tensor parallel ranks; 16-bit kernels whose
+    # verification batches differ from decoding), n-gram's outputs already differ: then a
+    # draft is judged against that floor. Where n-gram is exact, any difference is a bug.
+    tp = tensor_parallel_size(server_cfg["base_args"])
+    rows = stored if "ngram" in methods else list(iter_jsonl(reference_outputs))
+    floor = ngram_identical_fraction(rows, answers)
+    noisy = floor is not None and (tp > 1 or floor < 1)
+    if noisy:
+        judge_against_noise_floor(results, floor, len(prompts))
+        for name in dict.fromkeys(c["benchmark"] for c in conversations):
+            set_floor = ngram_identical_fraction(rows, answers, name)
+            if set_floor is not None:
+                figures = {m: per_set[m][name] for m in methods}
+                judge_against_noise_floor(figures, set_floor, per_set[methods[-1]][name]["requests"])
+    benchmarks = {
+        name: {
+            "conversations": sum(c["benchmark"] == name for c in conversations),
+            **{m: per_set[m][name] for m in methods},
+        }
+        for name in dict.fromkeys(c["benchmark"] for c in conversations)
+    }
+    summary = {
+        "num_speculative_tokens": k,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "lossless_means": lossless_meaning(tp, floor if noisy else None),
+        **results,
+        "benchmarks": benchmarks,
+    }
+    write_jsonl(out_outputs, [{f: o[f] for f in STORED_FIELDS} for o in stored])
+    write_table(results, out_csv)
+    plot_per_position(results, out_png)
+    if out_sets:
+        write_set_table(per_set, out_sets)
+    requests = request_rows(stored)
+    if out_requests:
+        write_requests(requests, out_requests)
+    if out_request_png:
+        plot_requests(requests, out_request_png)
+    write_json(out_json, summary)
+    return summary
+
+
+STORED_FIELDS = ("method", "set", "id", "turn", "token_ids", "text")
+
+
+def outs_of(method: str, sets: dict) -> list[dict]:
+    return [{"method": method, **o} for outs, _, _ in sets.values() for o in outs]
+
+
+def ask_conversations(
+    server,
+    conversations: list[dict],
+    answers: dict,
+    *,
+    is_reference: bool,
+    max_tokens,
+    concurrency,
+    stall_timeout_s,
+) -> tuple[list[dict], float]:
+    """Every turn of a benchmark's conversations, a turn of all of them at a time; turn t is
+    asked after the reference's answers to the turns before it (no_spec's, which `is_reference`
+    records as it goes). Returns the outputs and the seconds spent generating."""
+    outs_all, seconds, too_long = [], 0.0, []
+    for turn in range(max(len(c["turns"]) for c in conversations)):
+        asked = [c for c in conversations if len(c["turns"]) > turn and c["id"] not in too_long]
+        prompts = [
+            {
+                "id": c["id"],
+                "messages": turn_messages(
+                    c, turn, [answers[(c["benchmark"], c["id"], t)]["text"] for t in range(turn)]
+                ),
+            }
+            for c in asked
+        ]
+        # A turn whose prompt leaves no room for its answer would fail at the server: it and
+        # the conversation's later turns are left out, the same for every method.
+        fit = room_for_answer(server, prompts, max_tokens)
+        too_long += [c["id"] for c, ok in zip(asked, fit, strict=True) if not ok]
+        asked = [c for c, ok in zip(asked, fit, strict=True) if ok]
+        prompts = [p for p, ok in zip(prompts, fit, strict=True) if ok]
+        if not prompts:
+            break
+        outs, s = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
+        seconds += s
+        outs = [
+            {**o, "set": c["benchmark"], "turn": turn, "category": c["category"]}
+            for c, o in zip(asked, outs, strict=True)
+        ]
+        if is_reference:
+            answers.update({(o["set"], o["id"], turn): o for o in outs})
+        outs_all += outs
+    return outs_all, seconds, too_long
+
+
+def room_for_answer(server: Server, prompts: list[dict], max_tokens: int) -> list[bool]:
+    """Whether each prompt, rendered by the server itself (its /tokenize endpoint, with the
+    template it serves), leaves `max_tokens` within its max_model_len."""
+    fits = []
+    for p in prompts:
+        body = json.dumps({"model": SERVED_NAME, "messages": p["messages"], "add_generation_prompt": True})
+        request = urllib.request.Request(
+            f"{server.base_url}/tokenize",
+            data=body.encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.client_key}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            answer = json.loads(r.read())
+        fits.append(answer["count"] + max_tokens <= answer["max_model_len"])
+    return fits
+
+
+def lossless_fields(outs: list[dict], answers: dict) -> dict:
+    """Greedy speculation must reproduce the outputs without it, token for token."""
+    reference = [answers[(o["set"], o["id"], o["turn"])] for o in outs]
+    same, differ = lossless(reference, outs)
+    return {
+        "lossless": same,
+        "identical_fraction": 1 - len(differ) / len(outs),
+        "prompts_differing": differ,
+    }
+
+
+def set_figures(outs: list[dict], seconds: float, too_long: list[str], answers: dict, k: int) -> dict:
+    """One method on one evaluated set: acceptance from the per-request metrics, overall, per
+    category and per turn, its output tokens/s, and losslessness."""
+    figures = request_acceptance(outs, k)
+    figures["conversations_cut_too_long"] = too_long
+    figures["output_tokens_per_s"] = round(figures["output_tokens"] / seconds, 2) if seconds else None
+    figures.update(lossless_fields(outs, answers))
+    for key in ("category", "turn"):
+        groups = dict.fromkeys(o[key] for o in outs)
+        if len(groups) > 1:
+            figures[f"per_{key}"] = {
+                str(g): request_acceptance([o for o in outs if o[key] == g], k) for g in groups
+            }
+    return figures
+
+
+def write_set_table(per_set: dict, out_csv) -> None:
+    """One row per method, set and category ("all" for the whole set)."""
+    import pandas as pd
+
+    from eaglenest.core.io import atomic_path
+
+    rows = []
+    for method, sets in per_set.items():
+        for name, fig in sets.items():
+            groups = {"all": fig, **fig.get("per_category", {})}
+            for category, g in groups.items():
+                row = {
+                    "set": name,
+                    "category": category,
+                    "method": method,
+                    "requests": g["requests"],
+                    "mean_acceptance_length": g["mean_acceptance_length"],
+                    "acceptance_rate": g["acceptance_rate"],
+                }
+                for i, a in enumerate(g["per_position_acceptance"] or []):
+                    row[f"acceptance_pos_{i + 1}"] = a
+                if category == "all":
+                    row.update(output_tokens_per_s=fig["output_tokens_per_s"], lossless=fig["lossless"])
+                rows.append(row)
+    with atomic_path(out_csv) as tmp:
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+
+
+def request_rows(stored: list[dict]) -> list[dict]:
+    """Each request's own figures (one turn of one prompt of one method)."""
+    rows = []
+    for o in stored:
+        spec = o.get("spec") or {}
+        accepted = spec.get("num_accepted_draft_tokens", 0)
+        tokens = o["completion_tokens"]
+        rows.append(
+            {
+                "method": o["method"],
+                "set": o["set"],
+                "category": o["category"],
+                "id": o["id"],
+                "turn": o["turn"] + 1,
+                "prompt_tokens": o["prompt_tokens"],
+                "output_tokens": tokens,
+                "accepted_tokens": accepted,
+                "draft_tokens": spec.get("num_draft_tokens", 0),
+                "tokens_per_step": tokens / (tokens - accepted) if tokens > accepted else 1.0,
+            }
+        )
+    return rows
+
+
+def write_requests(requests: list[dict], out_csv) -> None:
+    import pandas as pd
+
+    from eaglenest.core.io import atomic_path
+
+    with atomic_path(out_csv) as tmp:
+        pd.DataFrame(requests).to_csv(tmp, index=False)
+
+
+def plot_requests(requests: list[dict], out_png) -> None:
+    """The spread of tokens per target step across requests, per set and speculating method,
+    and each request's against its prompt length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from eaglenest.core.io import atomic_path
+
+    df = pd.DataFrame(requests)
+    df = df[df["method"].isin([m for m in ("ngram", "draft") if m in set(df["method"])])]
+    fig, (ax_box, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
+    groups = [(s, m) for s in dict.fromkeys(df["set"]) for m in dict.fromkeys(df["method"])]
+    data = [df[(df["set"] == s) & (df["method"] == m)]["tokens_per_step"] for s, m in groups]
+    if groups:
+        ax_box.boxplot(data, showmeans=True)
+        ax_box.set_xticks(range(1, len(groups) + 1), [f"{s}\n{m}" for s, m in groups], fontsize=8)
+    ax_box.set(
+        ylabel="tokens per target step (per request)", title="Across requests (line: median, triangle: mean)"
+    )
+    for m, marker in (("ngram", "x"), ("draft", "o")):
+        sub = df[df["method"] == m]
+        if len(sub):
+            ax_len.scatter(
+                sub["prompt_tokens"], sub["tokens_per_step"], s=12, marker=marker, alpha=0.6, label=m
+            )
+    ax_len.set(xlabel="prompt tokens (context the turn was asked with)", ylabel="tokens per target step",
+               title="Against context length")  # fmt: skip
+    if len(df):
+        ax_len.legend(fontsize="small")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+@contextlib.contextmanager
+def method_server(method, target, server_cfg, run_dir, *, k, ngram, draft_dir):
+    """One method's server (reused while its flags match)."""
+    from eaglenest.engine.server import serving
+
+    base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
+    spec = method_spec(method, target.path, base, env, k=k, draft_dir=draft_dir, ngram=ngram)
+    with serving(
+        spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
+    ) as server:
+        yield server
+
+
+def reference_answers(path, prompts: list[dict], conversations: list[dict]) -> dict:
+    """The no_spec outputs an earlier evaluation stored, by (set, id, turn): they must cover
+    these very prompts and conversations, or losslessness would compare different questions."""
+    from eaglenest.core.errors import EaglenestError
+
+    if path is None:
+        raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
+    found = {
+        (r.get("set", HELD_OUT), r["id"], r.get("turn", 0)): r
+        for r in iter_jsonl(path)
+        if r.get("method") == "no_spec"
+    }
+    needed = [(HELD_OUT, p["id"], 0) for p in prompts]
+    needed += [(c["benchmark"], c["id"], t) for c in conversations for t in range(len(c["turns"]))]
+    missing = [key for key in needed if key not in found]
+    if missing:
+        where, pid, turn = missing[0]
+        raise EaglenestError(
+            f"holds no no_spec output for {len(missing)} of the {len(needed)} prompts evaluated "
+            f"(first: {pid}, turn {turn + 1} of {where}): it was made for other prompts",
+            path,
+        )
+    return found
+
+
+def check_template(target, expected_hash: str | None, metadata_path) -> None:
+    """Evaluation must render prompts with the template the training data was made with."""
+    from eaglenest.core.errors import EaglenestError
+    from eaglenest.data.tokenize import chat_template_hash
+    from eaglenest.target.resolve import load_tokenizer
+
+    if not expected_hash:
+        return
+    actual = chat_template_hash(load_tokenizer(target.path, target.trust_remote_code))
+    if actual != expected_hash:
+        raise EaglenestError(
+            f"the target's chat template (hash {actual}) differs from the one "
+            f"the training data was tokenized with ({expected_hash})",
+            metadata_path,
+        )

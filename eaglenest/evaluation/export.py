@@ -1,0 +1,78 @@
+"""Export the trained draft as a folder vLLM serves directly, after checking its contracts.
+
+The trainer's checkpoint already is speculators' EAGLE-3 format; export makes every field vLLM
+reads explicit (aux layers, draft vocabulary size, norm flags, context length, verifier) and
+refuses a checkpoint whose vocabulary mapping or layers disagree with the earlier stages.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import atomic_path, read_json
+
+log = logging.getLogger(__name__)
+
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def export_stage(
+    checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target, max_model_len: int
+) -> dict:
+    """`target`: the resolved target (eaglenest.target.resolve.Target)."""
+    from safetensors.torch import load_file
+
+    ckpt = Path(checkpoint_dir)
+    cfg = read_json(ckpt / "config.json")
+    dcfg = read_json(draft_config_path)["eaglenest"]
+    weights = load_file(str(ckpt / "model.safetensors"))
+    t2d = torch.load(t2d_pt, weights_only=True)
+    d2t = torch.load(d2t_pt, weights_only=True)
+
+    def mismatch(what, ours, theirs, other):
+        raise EaglenestError(
+            f"{what} {theirs} in the checkpoint differs from {ours} in {other}", ckpt / "config.json"
+        )
+
+    if cfg.get("eagle_aux_hidden_state_layer_ids") != dcfg["aux_layer_ids"]:
+        mismatch(
+            "aux layer ids",
+            dcfg["aux_layer_ids"],
+            cfg.get("eagle_aux_hidden_state_layer_ids"),
+            draft_config_path,
+        )
+    if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg["draft_vocab_size"]:
+        mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"), draft_config_path)
+    if not torch.equal(weights["t2d"].bool(), t2d.bool()):
+        raise EaglenestError(f"t2d in the checkpoint differs from {t2d_pt}", ckpt)
+    if not torch.equal(weights["d2t"].long(), d2t.long()):
+        raise EaglenestError(f"d2t in the checkpoint differs from {d2t_pt}", ckpt)
+    if int(t2d.sum()) != len(d2t):
+        raise EaglenestError(f"t2d selects {int(t2d.sum())} ids but d2t has {len(d2t)}", t2d_pt)
+
+    layer_cfg = cfg["transformer_layer_config"]
+    layer_cfg["max_position_embeddings"] = max(layer_cfg.get("max_position_embeddings", 0), max_model_len)
+    for flag in NORM_FLAGS:
+        # Write every flag out: an absent one would fall back to an engine default.
+        cfg[flag] = bool(cfg.get(flag))
+    # The hub id for a hub target (portable: `vllm serve DRAFT` resolves it on any machine),
+    # else the local folder. Serving the target with --speculative-config never reads it.
+    cfg["speculators_config"]["verifier"]["name_or_path"] = target.hub_id or target.path
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        tmp.chmod(0o755)
+        shutil.copy(ckpt / "model.safetensors", tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    log.info(
+        "exported draft to %s (aux %s, draft vocab %d, context %d)",
+        out_dir,
+        cfg["eagle_aux_hidden_state_layer_ids"],
+        cfg["draft_vocab_size"],
+        layer_cfg["max_position_embeddings"],
+    )
+    return cfg

@@ -1,0 +1,341 @@
+"""The sweep's report: each variant's acceptance, validation estimate and training time side by
+side, and the data-scaling fit (the compare_variants rule). The variants themselves are
+eaglenest.training.sweep's."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from eaglenest.core.errors import EaglenestError
+from eaglenest.training.sweep import LOG_AXES, SETTINGS, format_setting
+
+log = logging.getLogger(__name__)
+
+
+def validation_estimate(metrics: dict, k: int) -> dict:
+    """The trainer's own estimate of served acceptance, from speculators' last-epoch validation
+    accuracies: the chance that the first p drafted tokens are all accepted is the product of
+    its conditional accuracies (`cond_acc_i`: step i right, given steps before it right) up to
+    p, and tokens per draft is 1 plus their sum. Positions past the draft's ttt_steps have no
+    estimate, and then neither has the total. speculators scores the draft against the target's
+    best token within the draft vocabulary (its verifier head keeps the t2d rows only), so a
+    token outside it never counts as a miss: the smaller the vocabulary's coverage, the more
+    the estimate exceeds what vLLM measures."""
+    epochs = metrics.get("per_epoch") or []
+    val = epochs[-1].get("val", {}) if epochs else {}
+    per_position: list[float] = []
+    chance = 1.0
+    for p in range(k):
+        acc = val.get(f"cond_acc_{p}_epoch")
+        if acc is None:
+            break
+        chance *= acc
+        per_position.append(chance)
+    total = 1 + sum(per_position) if per_position and len(per_position) == k else None
+    return {"per_position": per_position, "tokens_per_draft": total}
+
+
+def fit_data_scaling(rows: list[int], tokens: list[float], ceiling: float) -> dict | None:
+    """Least squares of tokens per step against log2(training rows), and two estimates of what
+    doubling the data would add, both extrapolations past the largest measured size, capped at
+    `ceiling` (k + 1, every draft accepted): the fit's slope, and the slope between the two
+    largest sizes. Acceptance flattens as data grows, so where they differ the curve is bending
+    and the second is the closer guess. None with fewer than two distinct sizes."""
+    points = sorted(zip(rows, tokens, strict=True))
+    if len({r for r, _ in points}) < 2:
+        return None
+    xs = [math.log2(r) for r, _ in points]
+    ys = [t for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    largest = points[-1][0]
+    at_largest = intercept + slope * math.log2(largest)
+    at_double = min(ceiling, intercept + slope * math.log2(2 * largest))
+    residual = max(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
+    # The two largest distinct sizes (the mean where a size was measured more than once).
+    sizes = sorted({r for r, _ in points})[-2:]
+    mean = [sum(t for r, t in points if r == size) / sum(1 for r, _ in points if r == size) for size in sizes]
+    last_slope = (mean[1] - mean[0]) / math.log2(sizes[1] / sizes[0])
+    return {
+        "form": "tokens_per_step = intercept + per_doubling * log2(train_rows)",
+        "intercept": intercept,
+        "per_doubling": slope,
+        "points": len(points),
+        "max_abs_residual": residual,
+        "largest_rows": largest,
+        "fitted_at_largest": at_largest,
+        "doubled_rows": 2 * largest,
+        "estimate_at_doubled": at_double,
+        "estimated_gain_from_doubling": at_double - at_largest,
+        "last_step_rows": sizes,
+        "last_step_per_doubling": last_slope,
+        "last_step_estimate_at_doubled": min(ceiling, mean[1] + last_slope),
+        "last_step_estimated_gain_from_doubling": min(ceiling, mean[1] + last_slope) - mean[1],
+    }
+
+
+def comparison_rows(variants: list[dict], keys: list[str], k: int, no_spec_tokens_per_s) -> list[dict]:
+    """One row per variant: its settings, vocabulary coverage, served acceptance beside the
+    trainer's estimate of it, throughput and training time. `variants`: dicts with name,
+    is_base, settings and the read files acceptance (the draft's entry), metrics, coverage,
+    train_s."""
+    rows = []
+    for v in variants:
+        acc, metrics = v["acceptance"], v["metrics"]
+        estimate = validation_estimate(metrics, k)
+        served = acc.get("per_position_acceptance") or []
+        row = {
+            "variant": v["name"],
+            "base": v["is_base"],
+            **{key: v["settings"][key] for key in SETTINGS},
+            "train_rows": metrics.get("train_rows"),
+            "vocab_coverage": v["coverage"]["coverage"],
+            "tokens_per_step": acc["mean_acceptance_length"],
+            "tokens_per_draft": acc.get("mean_acceptance_length_per_draft"),
+            "val_estimate_tokens_per_draft": estimate["tokens_per_draft"],
+            "acceptance_rate": acc.get("acceptance_rate"),
+        }
+        for p in range(k):
+            row[f"accept_pos_{p + 1}"] = served[p] if p < len(served) else None
+            est = estimate["per_position"]
+            row[f"val_estimate_pos_{p + 1}"] = est[p] if p < len(est) else None
+        tps = acc.get("output_tokens_per_s")
+        row["output_tokens_per_s"] = tps
+        row["speedup_vs_no_spec"] = tps / no_spec_tokens_per_s if tps and no_spec_tokens_per_s else None
+        row["lossless"] = acc.get("lossless")
+        row["train_s"] = v.get("train_s")
+        row["swept"] = ",".join(keys)
+        rows.append(row)
+    return rows
+
+
+def _lines(rows: list[dict], key: str, keys: list[str]) -> list[tuple[str, list[dict]]]:
+    """The variants along `key`: one line per combination of the other swept settings, those
+    with two or more points, each sorted by `key`; labelled by the settings it holds fixed."""
+    others = [o for o in keys if o != key]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[o] for o in others), []).append(r)
+    out = []
+    for fixed, members in groups.items():
+        if len({m[key] for m in members}) >= 2:
+            label = ", ".join(
+                f"{SETTINGS[o][0]} {format_setting(v)}" for o, v in zip(others, fixed, strict=True)
+            )
+            out.append((label or "all", sorted(members, key=lambda m: m[key])))
+    return out
+
+
+def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out_png) -> None:
+    """One column per swept setting: served tokens per target step (solid) and the trainer's
+    estimate (dashed) above, output tokens/s below; the draft-vocabulary ticks carry the
+    vocabulary's coverage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglenest.core.io import atomic_path
+
+    cols = max(len(keys), 1)
+    fig, axes = plt.subplots(2, cols, figsize=(4.5 * cols, 7), squeeze=False)
+    for c, key in enumerate(keys):
+        ax_acc, ax_tps = axes[0][c], axes[1][c]
+        lines = _lines(rows, key, keys)
+        for label, members in lines:
+            xs = [m[key] for m in members]
+            (line,) = ax_acc.plot(
+                xs, [m["tokens_per_step"] for m in members], "o-", label=f"served ({label})"
+            )
+            est = [m["val_estimate_tokens_per_draft"] for m in members]
+            if any(e is not None for e in est):
+                ax_acc.plot(xs, est, "x--", color=line.get_color(), label=f"trainer's estimate ({label})")
+            ax_tps.plot(
+                xs, [m["output_tokens_per_s"] for m in members], "o-", color=line.get_color(), label=label
+            )
+        if not lines:
+            ax_acc.text(
+                0.5,
+                0.5,
+                "no two variants differ in this setting alone",
+                ha="center",
+                transform=ax_acc.transAxes,
+            )
+        if no_spec_tokens_per_s:
+            ax_tps.axhline(no_spec_tokens_per_s, color="grey", linestyle=":", label="no speculation")
+        for ax in (ax_acc, ax_tps):
+            if key in LOG_AXES:
+                ax.set_xscale("log", base=2)
+            xs = sorted({r[key] for r in rows})
+            labels = [format_setting(x) for x in xs]
+            if key == "draft_vocab_size":  # coverage: the share of training tokens it holds
+                coverage = {r[key]: r["vocab_coverage"] for r in rows}
+                labels = [f"{x}\ncoverage {coverage[x]:.2f}" for x in xs]
+            ax.set_xticks(xs, labels)
+            ax.minorticks_off()
+        ax_acc.set(title=f"Acceptance vs {key}", ylabel="tokens per target step", xlabel=key)
+        ax_tps.set(title=f"Throughput vs {key}", ylabel="output tokens/s", xlabel=key)
+        ax_acc.legend(fontsize="x-small")
+        ax_tps.legend(fontsize="x-small")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def plot_data_scaling(rows: list[dict], keys: list[str], k: int, out_png) -> list[dict]:
+    """Tokens per step against training rows for each line of data_fraction variants, with a
+    log-linear fit drawn through the measured sizes and, dotted, out to twice the data; the
+    labelled estimate of what doubling adds. Returns the fits (one per line)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglenest.core.io import atomic_path
+
+    fits = []
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label, members in _lines(rows, "data_fraction", keys):
+        train_rows = [m["train_rows"] for m in members]
+        tokens = [m["tokens_per_step"] for m in members]
+        fit = fit_data_scaling(train_rows, tokens, ceiling=k + 1)
+        (points,) = ax.plot(train_rows, tokens, "o", label=f"served ({label})")
+        est = [m["val_estimate_tokens_per_draft"] for m in members]
+        if any(e is not None for e in est):
+            ax.plot(train_rows, est, "x", color=points.get_color(), label=f"trainer's estimate ({label})")
+        if fit is None:
+            continue
+        fits.append({"line": label, **fit})
+        lo, hi = min(train_rows), fit["largest_rows"]
+
+        def at(r, fit=fit):
+            return min(k + 1, fit["intercept"] + fit["per_doubling"] * math.log2(r))
+
+        ax.plot(
+            [lo, hi],
+            [at(lo), at(hi)],
+            "-",
+            color=points.get_color(),
+            alpha=0.6,
+            label=f"log-linear fit ({label})",
+        )
+        ax.plot([hi, 2 * hi], [at(hi), at(2 * hi)], ":", color=points.get_color())
+        last = fit["last_step_estimate_at_doubled"]
+        ax.plot(
+            [hi, 2 * hi],
+            [last - fit["last_step_estimated_gain_from_doubling"], last],
+            "--",
+            color=points.get_color(),
+            label=f"slope of the last two sizes ({label})",
+        )
+        ax.text(
+            0.98,
+            0.03 + 0.2 * (len(fits) - 1),
+            f"{label}: estimates, not measured. 2x data ({2 * hi} rows) adds\n"
+            f"{fit['last_step_estimated_gain_from_doubling']:+.2f} tokens/step at the slope of the "
+            f"last two sizes ({fit['last_step_rows'][0]} to {fit['last_step_rows'][1]} rows),\n"
+            f"{fit['estimated_gain_from_doubling']:+.2f} on the log-linear fit over all "
+            f"{fit['points']} points (largest residual {fit['max_abs_residual']:.2f})",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.9},
+        )
+    ax.set_xscale("log", base=2)
+    ticks = sorted({r["train_rows"] for r in rows if r["train_rows"]} | {2 * f["largest_rows"] for f in fits})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set(
+        xlabel="training rows (log scale)",
+        ylabel="tokens per target step",
+        title="Data scaling: acceptance vs training rows",
+    )
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return fits
+
+
+def compare_stage(
+    *,
+    names: list[str],
+    settings: list[dict],
+    base: list[bool],
+    acceptance_files: list,
+    metrics_files: list,
+    coverage_files: list,
+    train_benchmarks: list,
+    reference_acceptance,
+    keys: list[str],
+    out_csv,
+    out_plot,
+    out_per_position,
+    out_scaling=None,
+    out_scaling_plot=None,
+) -> list[dict]:
+    """The `compare_variants` rule: every variant's served acceptance, the trainer's estimate
+    of it, throughput and vocabulary coverage against the swept settings, as a CSV and plots;
+    with data_fraction swept, the data-scaling fit as JSON and its plot. The run's own
+    evaluation (`reference_acceptance`) gives no speculation's tokens/s."""
+    import pandas as pd
+
+    from eaglenest.core.io import atomic_path, read_json, write_json
+    from eaglenest.evaluation.evaluate import plot_per_position
+    from eaglenest.report.summary import read_benchmark
+
+    reference = read_json(reference_acceptance)
+    k = reference["num_speculative_tokens"]
+    no_spec_tps = (reference.get("no_spec") or {}).get("output_tokens_per_s")
+    variants = []
+    for i, name in enumerate(names):
+        acc = read_json(acceptance_files[i])
+        if "draft" not in acc:
+            raise EaglenestError("holds no evaluation of the trained draft", acceptance_files[i])
+        variants.append(
+            {
+                "name": name,
+                "is_base": base[i],
+                "settings": settings[i],
+                "acceptance": acc["draft"],
+                "metrics": read_json(metrics_files[i]),
+                "coverage": read_json(coverage_files[i]),
+                "train_s": read_benchmark(train_benchmarks[i]).get("s"),
+            }
+        )
+    rows = comparison_rows(variants, keys, k, no_spec_tps)
+    with atomic_path(out_csv) as tmp:
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+    plot_comparison(rows, keys, no_spec_tps, out_plot)
+    plot_per_position(
+        {v["name"] + (" (base)" if v["is_base"] else ""): v["acceptance"] for v in variants},
+        out_per_position,
+        title="Per-position acceptance of each variant",
+    )
+    if out_scaling is not None:
+        fits = plot_data_scaling(rows, keys, k, out_scaling_plot)
+        write_json(
+            out_scaling, {"fits": fits, "note": "estimates extrapolate a fit; only the points are measured"}
+        )
+        for f in fits:
+            log.info(
+                "data scaling (%s): 2x data (%d rows) adds %+.3f tokens/step at the last step's slope, "
+                "%+.3f on the log-linear fit",
+                f["line"],
+                f["doubled_rows"],
+                f["last_step_estimated_gain_from_doubling"],
+                f["estimated_gain_from_doubling"],
+            )
+    for r in rows:
+        log.info(
+            "%s: %.3f tokens/step (trainer's estimate %s)",
+            r["variant"],
+            r["tokens_per_step"],
+            r["val_estimate_tokens_per_draft"],
+        )
+    return rows

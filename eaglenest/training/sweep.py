@@ -1,0 +1,128 @@
+"""Sweeps: several drafts trained on one run's shared data (the report that compares them is
+eaglenest.report.variant_comparison, so training does not depend on plotting code).
+
+The config's `sweep:` section lists values for draft-side settings. Each combination is a
+variant with a readable name (`frac0.25-vocab512`) whose vocabulary mapping, draft config,
+training, export and evaluation live under `<run_dir>/variants/<name>/`; prompts, responses,
+tokenized rows and hidden states are the run's own, built once. The variant whose settings are
+the config's own is the run's draft itself (the base), never trained twice.
+
+`data_fraction` trains on a seeded, nested subset of the training rows (a row in the 25% subset
+is in the 50% one) and keeps speculators' validation rows whole, so every variant's validation
+estimate is taken on the same rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from eaglenest.core.errors import EaglenestError
+
+log = logging.getLogger(__name__)
+
+# sweep key -> (its tag in variant names, where the config keeps the run's own value)
+SETTINGS = {
+    "data_fraction": ("frac", None),
+    "draft_vocab_size": ("vocab", ("vocab", "draft_vocab_size")),
+    "ttt_steps": ("ttt", ("train", "ttt_steps")),
+    "draft_layers": ("layers", ("train", "draft_layers")),
+    "epochs": ("epochs", ("train", "epochs")),
+    "lr": ("lr", ("train", "lr")),
+}
+COMBINE = ("grid", "one_at_a_time")
+# Settings whose values span orders of magnitude are drawn on a log axis.
+LOG_AXES = {"data_fraction", "draft_vocab_size", "lr"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    settings: dict = field(hash=False)  # every SETTINGS key, swept or not
+    is_base: bool = False
+
+
+def base_settings(config: dict) -> dict:
+    """The run's own value of each sweepable setting (data_fraction: all rows)."""
+    return {key: 1.0 if where is None else config[where[0]][where[1]] for key, (_, where) in SETTINGS.items()}
+
+
+def swept_keys(sweep: dict | None) -> list[str]:
+    return [k for k in SETTINGS if (sweep or {}).get(k)]
+
+
+def format_setting(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def variant_name(settings: dict, keys: list[str]) -> str:
+    return "-".join(f"{SETTINGS[k][0]}{format_setting(settings[k])}" for k in keys)
+
+
+def plan_variants(config: dict) -> list[Variant]:
+    """The base first, then each variant of the config's `sweep:` in the order its lists give
+    them; [] without a sweep. `combine: grid` (the default) takes every combination of the lists;
+    `one_at_a_time` varies each setting alone, the others at the run's own values."""
+    sweep = config.get("sweep")
+    if not sweep:
+        return []
+    keys = swept_keys(sweep)
+    if not keys:
+        raise EaglenestError(f"sweep: lists no setting to vary (any of {', '.join(SETTINGS)})")
+    combine = sweep.get("combine", "grid")
+    base = base_settings(config)
+    if combine == "grid":
+        combos = [
+            dict(zip(keys, values, strict=True)) for values in itertools.product(*(sweep[k] for k in keys))
+        ]
+    else:
+        combos = [{k: v} for k in keys for v in sweep[k]]
+    fractions = sweep.get("data_fraction") or []
+    if config["hidden_states"]["mode"] == "hybrid" and any(f < 1 for f in fractions):
+        raise EaglenestError(
+            "sweep: data_fraction below 1 needs hidden_states.mode offline or online: hybrid mode "
+            "keeps one folder of extracted samples per run, numbered by training row, which "
+            "subsets of the rows would overwrite"
+        )
+    variants = [Variant(variant_name(base, keys), base, is_base=True)]
+    seen = {variant_name(base, keys)}
+    for combo in combos:
+        settings = {**base, **combo}
+        name = variant_name(settings, keys)
+        if name not in seen:
+            seen.add(name)
+            variants.append(Variant(name, settings))
+    return variants
+
+
+def train_hp(config: dict, settings: dict) -> dict:
+    """The `train` params of a variant: the run's own, with the variant's settings."""
+    hp = dict(config["train"])
+    for key in ("ttt_steps", "draft_layers", "epochs", "lr"):
+        hp[key] = settings[key]
+    hp["data_fraction"] = settings["data_fraction"]
+    return hp
+
+
+def _unit_hash(seed: int, row: int) -> float:
+    digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def training_subset(num_rows: int, train_data_ratio: float, fraction: float, seed: int, source=None):
+    """The rows a `fraction` of the training data trains on, and the trainer's
+    `train_data_ratio` over them. speculators holds out the rows from int(n * ratio) on for
+    validation: they stay, so validation compares across fractions. A training row is kept when
+    its seeded hash is below `fraction`, which nests the subsets (25% inside 50%)."""
+    split = int(num_rows * train_data_ratio)
+    kept = [i for i in range(split) if _unit_hash(seed, i) < fraction]
+    if not kept:
+        raise EaglenestError(
+            f"data_fraction {fraction} keeps none of the {split} training rows: raise it", source
+        )
+    rows = kept + list(range(split, num_rows))
+    # speculators splits at int(len * ratio): half a row of slack makes that land on len(kept).
+    ratio = (len(kept) + 0.5) / len(rows) if len(rows) > len(kept) else 1.0
+    return rows, ratio

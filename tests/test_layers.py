@@ -1,0 +1,89 @@
+"""The package's layers: each subpackage imports only from its own folder and the layers below,
+so what a folder depends on can be read from the tree (README, "Layout"), and no import circle
+can hide inside a function."""
+
+import graphlib
+import re
+from pathlib import Path
+
+from eaglenest.pipeline.workflow import PACKAGE_DIR, package_imports
+
+# Lowest first. A module may import from its own subpackage and from any earlier layer; the
+# subpackages within one layer do not import each other.
+LAYERS = [
+    {"core"},
+    {"pipeline"},
+    {"engine", "target"},
+    {"planning", "data"},
+    {"draft"},
+    {"hidden_states"},
+    {"training"},
+    {"evaluation"},
+    {"report"},
+    {"cli"},
+]
+LAYER_OF = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name under eaglenest ("training.train")."""
+    found = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        rel = path.relative_to(PACKAGE_DIR).with_suffix("")
+        if rel.name == "__init__" or "assets" in rel.parts:
+            continue
+        found[".".join(rel.parts)] = path
+    return found
+
+
+def folder(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_module_sits_in_a_layer_folder():
+    """A module at the package's top (other than the CLI) or in a new folder must be given a
+    place in LAYERS, and in the README's layout."""
+    stray = sorted(m for m in modules() if folder(m) not in LAYER_OF)
+    assert not stray, f"modules outside the layer folders: {stray}"
+    readme = (PACKAGE_DIR.parent / "README.md").read_text()
+    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(f for f in LAYER_OF if f != "cli" and not re.search(rf"^ +{f}/ ", layout, re.M))
+    assert not missing, f"folders missing from the README's layout: {missing}"
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for module, path in sorted(modules().items()):
+        for imported in sorted(package_imports(path)):
+            same_folder = folder(imported) == folder(module)
+            if not same_folder and LAYER_OF[folder(imported)] >= LAYER_OF[folder(module)]:
+                upward.append(f"{module} imports {imported}")
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def test_no_import_circle_even_inside_functions():
+    graph = {module: set(package_imports(path)) - {module} for module, path in modules().items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as circle:
+        raise AssertionError(f"import circle: {' -> '.join(circle.args[1])}") from None
+
+
+def test_the_contract_sees_imports_of_every_form(tmp_path):
+    """The checks above are only as good as package_imports: each import form counts."""
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import eaglenest.core.io\n"
+        "from eaglenest.training import train\n"
+        "from eaglenest.data.tokenize import tokenize_stage\n"
+        "def f():\n"
+        "    from eaglenest.engine.server import Server\n"
+        "from eaglenest import cli\n"
+    )
+    assert package_imports(source) == {
+        "core.io",
+        "training.train",
+        "data.tokenize",
+        "engine.server",
+        "cli",
+    }
