@@ -50,7 +50,10 @@ def run_logged(log_path, fn, *args, **kwargs):
 SCRIPTS_DIR = PACKAGE_DIR.parent / "scripts"
 
 
+@functools.cache
 def _source_tree(path: Path):
+    """A file's syntax tree, parsed once per process (planning hashes every rule's closure).
+    _behaviour strips its docstrings in place, which changes no import package_imports reads."""
     import ast
 
     return ast.parse(path.read_text(), filename=str(path))
@@ -63,6 +66,19 @@ def module_file(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def _statements(tree):
+    """Every statement of a tree, nested ones included (imports and docstrings are statements):
+    ast.walk's visit of every expression made planning's code hashes several times slower."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                todo.extend(block)
+
+
 @functools.cache
 def package_imports(path: Path) -> frozenset[str]:
     """The eaglenest modules a file imports ("training.train"), wherever the import statement is
@@ -71,7 +87,7 @@ def package_imports(path: Path) -> frozenset[str]:
     import ast
 
     found = set()
-    for node in ast.walk(_source_tree(path)):
+    for node in _statements(_source_tree(path)):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("eaglenest.")}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -117,7 +133,7 @@ def _behaviour(path: Path) -> str:
         )
 
     tree = _source_tree(path)
-    for node in ast.walk(tree):
+    for node in _statements(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and is_docstring(body[0]):
             node.body = body[1:] or [ast.Pass()]
