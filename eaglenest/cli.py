@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.hidden_states.shard_check import verify_shards
+from eaglenest.planning.plan import format_plan, make_plan
 
 Register = Callable[["argparse._SubParsersAction"], None]
 SUBCOMMANDS: list[Register] = []
@@ -65,6 +67,7 @@ def _vocab_mapping(subparsers) -> None:
 
 
 def _run_vocab_mapping(args: argparse.Namespace) -> int:
+    # Lazy: vocab imports torch, which `eaglenest plan` and `--help` do not need.
     from eaglenest.data.vocab import MappingPaths, build_vocab_mapping
 
     paths = MappingPaths.in_dir(args.output_dir, coverage_plot=args.plot)
@@ -113,8 +116,6 @@ def _plan(subparsers) -> None:
 def _run_plan(args: argparse.Namespace) -> int:
     import json
 
-    from eaglenest.planning.plan import format_plan, make_plan
-
     extra = list(args.snakemake_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -155,8 +156,6 @@ def _verify_shards(subparsers) -> None:
 
 def _run_verify_shards(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from eaglenest.hidden_states.shard_check import verify_shards
 
     shards = []
     for d in map(Path, args.dirs):

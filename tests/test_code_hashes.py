@@ -44,7 +44,9 @@ def test_a_behaviour_edit_in_any_module_a_stage_reaches_reruns_it(tmp_path):
         and after["evaluate_acceptance"] == before["evaluate_acceptance"]
     )
     # A module imported at the bottom of the graph (errors) reaches every stage.
-    edit(clone / "eaglenest" / "core" / "errors.py", "class EaglenestError", "class EaglenestError_")
+    edit(
+        clone / "eaglenest" / "core" / "errors.py", 'f"{self.path}: {problem}"', 'f"{self.path}:: {problem}"'
+    )
     assert all(hashes_in(clone)[s] != after[s] for s in after)
 
 

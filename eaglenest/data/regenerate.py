@@ -23,7 +23,8 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import iter_jsonl, room_for, write_jsonl
-from eaglenest.engine.server import SERVED_NAME, Server, StallWatch
+from eaglenest.engine.server import SERVED_NAME, Server, ServerSpec, StallWatch, serving
+from eaglenest.pipeline.workflow import with_reasoning_parser
 
 log = logging.getLogger(__name__)
 
@@ -323,8 +324,6 @@ def regenerate_stage(
     request_timeout_s: float,
 ) -> dict:
     """The `regenerate_responses` rule: lease the target's server, answer every prompt."""
-    from eaglenest.engine.server import ServerSpec, serving
-    from eaglenest.pipeline.workflow import with_reasoning_parser
 
     spec = ServerSpec(
         model=target,

@@ -23,9 +23,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from eaglenest.core.io import iter_jsonl
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import atomic_path, iter_jsonl, read_json, read_jsonl, write_json, write_jsonl
 from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
-from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch
+from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, serving
+from eaglenest.target.resolve import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +274,6 @@ def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from eaglenest.core.io import atomic_path
-
     with atomic_path(out_dir, is_dir=True) as tmp:
         for f in Path(trained_dir).iterdir():
             if f.suffix == ".json" and f.name == "config.json":
@@ -304,8 +304,6 @@ def plot_per_position(results: dict, out_png, title: str = "Per-position accepta
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from eaglenest.core.io import atomic_path
-
     methods = [m for m in results if results[m].get("per_position_acceptance")]
     fig, ax = plt.subplots(figsize=(7, 4))
     # One group of bars per draft position 1..k, the methods side by side within it.
@@ -334,8 +332,6 @@ def plot_per_position(results: dict, out_png, title: str = "Per-position accepta
 
 def write_table(results: dict, out_csv) -> None:
     import pandas as pd
-
-    from eaglenest.core.io import atomic_path
 
     cols = [
         "mean_acceptance_length",
@@ -378,8 +374,6 @@ def evaluate_stage(
     token_ids, text). Without no_spec among `methods` (a sweep's variant), losslessness and the
     earlier turns' answers come from the no_spec outputs in `reference_outputs`, an earlier
     evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.resolve.Target)."""
-    from eaglenest.core.errors import EaglenestError
-    from eaglenest.core.io import read_json, read_jsonl, write_json, write_jsonl
 
     meta = read_json(metadata_path)
     check_template(target, meta.get("chat_template_hash"), metadata_path)
@@ -572,8 +566,6 @@ def write_set_table(per_set: dict, out_csv) -> None:
     """One row per method, set and category ("all" for the whole set)."""
     import pandas as pd
 
-    from eaglenest.core.io import atomic_path
-
     rows = []
     for method, sets in per_set.items():
         for name, fig in sets.items():
@@ -623,8 +615,6 @@ def request_rows(stored: list[dict]) -> list[dict]:
 def write_requests(requests: list[dict], out_csv) -> None:
     import pandas as pd
 
-    from eaglenest.core.io import atomic_path
-
     with atomic_path(out_csv) as tmp:
         pd.DataFrame(requests).to_csv(tmp, index=False)
 
@@ -637,8 +627,6 @@ def plot_requests(requests: list[dict], out_png) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
-
-    from eaglenest.core.io import atomic_path
 
     df = pd.DataFrame(requests)
     df = df[df["method"].isin([m for m in ("ngram", "draft") if m in set(df["method"])])]
@@ -670,7 +658,6 @@ def plot_requests(requests: list[dict], out_png) -> None:
 @contextlib.contextmanager
 def method_server(method, target, server_cfg, run_dir, *, k, ngram, draft_dir):
     """One method's server (reused while its flags match)."""
-    from eaglenest.engine.server import serving
 
     base, env = tuple(server_cfg["base_args"]), tuple(sorted(server_cfg["env"].items()))
     spec = method_spec(method, target.path, base, env, k=k, draft_dir=draft_dir, ngram=ngram)
@@ -683,7 +670,6 @@ def method_server(method, target, server_cfg, run_dir, *, k, ngram, draft_dir):
 def reference_answers(path, prompts: list[dict], conversations: list[dict]) -> dict:
     """The no_spec outputs an earlier evaluation stored, by (set, id, turn): they must cover
     these very prompts and conversations, or losslessness would compare different questions."""
-    from eaglenest.core.errors import EaglenestError
 
     if path is None:
         raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
@@ -707,9 +693,8 @@ def reference_answers(path, prompts: list[dict], conversations: list[dict]) -> d
 
 def check_template(target, expected_hash: str | None, metadata_path) -> None:
     """Evaluation must render prompts with the template the training data was made with."""
-    from eaglenest.core.errors import EaglenestError
+    # Lazy: tokenize brings numpy, and the Snakefile imports this module (METHODS) on every plan.
     from eaglenest.data.tokenize import chat_template_hash
-    from eaglenest.target.resolve import load_tokenizer
 
     if not expected_hash:
         return

@@ -26,10 +26,29 @@ import torch
 from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor, quantize_tensor_to_fp8
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import atomic_path, bytes_record, disk_full, free_bytes, human_bytes, room_for
+from eaglenest.core.io import (
+    atomic_path,
+    bytes_record,
+    disk_full,
+    free_bytes,
+    human_bytes,
+    read_json,
+    room_for,
+    write_json,
+)
 from eaglenest.draft.config import resolve_aux_layer_ids
-from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, check_alive
+from eaglenest.engine.server import (
+    SERVED_NAME,
+    Server,
+    ServerError,
+    ServerSpec,
+    StallWatch,
+    check_alive,
+    serving,
+)
+from eaglenest.pipeline.workflow import resolve_device
 from eaglenest.planning.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
+from eaglenest.target.resolve import read_shape
 
 log = logging.getLogger(__name__)
 
@@ -293,8 +312,6 @@ def extract_shard_transformers(
     """
     from transformers import AutoModelForCausalLM
 
-    from eaglenest.target.resolve import read_shape
-
     shape = read_shape(target)
     if shape.multimodal:
         # AutoModelForCausalLM rejects multimodal wrappers (Kimi-K2.5), and their final norm
@@ -386,8 +403,6 @@ def plan_stage(
 ) -> dict:
     """The `plan_hidden_states` rule: fix the layers to extract, state the bytes each mode will
     keep on disk at its peak, and refuse if the chosen mode's peak and the margin do not fit."""
-    from eaglenest.core.io import read_json, write_json
-    from eaglenest.target.resolve import read_shape
 
     meta = read_json(metadata_path)
     shape = read_shape(target)
@@ -441,7 +456,6 @@ def extract_stage(
     trust_remote_code: bool = False,
 ) -> dict:
     """The `extract_hidden_states` rule for one shard."""
-    from eaglenest.core.io import read_json
 
     plan = read_json(plan_path)
     # A full disk during extraction: ours shows as an OSError; the engine's (it writes each
@@ -470,7 +484,6 @@ def extraction_server_spec(
 ) -> ServerSpec:
     """The run's extraction server, from the plan and a rule's server params: the same spec for
     extract_hidden_states and, online, train_draft (`visible_gpus`: its share of the GPUs)."""
-    from eaglenest.pipeline.workflow import resolve_device
 
     env = dict(server_cfg["env"])
     if visible_gpus is not None:
@@ -491,7 +504,6 @@ def _extract(
     run_dir, target, tokenized_path, out_dir, plan, shard, num_shards, dtype, backend, concurrency, server_cfg,
     trust_remote_code,
 ) -> dict:  # fmt: skip
-    from eaglenest.engine.server import serving
 
     aux, hidden = plan["aux_layer_ids"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}

@@ -25,6 +25,8 @@ from pathlib import Path
 import openai
 from speculators.train.data import ArrowDataset
 
+from eaglenest.hidden_states.extract import DTYPES, FP8, stored_tensors
+
 KEY_ENV = "EAGLENEST_SERVER_KEY"
 KEEP_ENV = "EAGLENEST_KEEP_GENERATED"
 PENDING_SUFFIX = ".pending"
@@ -54,8 +56,6 @@ class KeepGenerated:
         sample = self.inner.get_generated(params)  # waits for the engine's write lock
         if sample is not None and self.file_idx is not None:
             from safetensors.torch import save_file
-
-            from eaglenest.hidden_states.extract import DTYPES, FP8, stored_tensors
 
             self.discard()
             self.pending = self.hidden_states_path / f"hs_{self.file_idx}.safetensors{PENDING_SUFFIX}"

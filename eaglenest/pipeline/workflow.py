@@ -11,6 +11,8 @@ import logging
 import os
 from pathlib import Path
 
+from eaglenest.pipeline.run_guard import Preempted, stop_on_sigterm
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -31,7 +33,6 @@ def setup_logging(log_path) -> logging.Logger:
 def run_logged(log_path, fn, *args, **kwargs):
     """Run a stage with logging to its log file; a failure's traceback goes there too. SIGTERM
     unwinds the stage cleanly (eaglenest.pipeline.run_guard)."""
-    from eaglenest.pipeline.run_guard import Preempted, stop_on_sigterm
 
     log = setup_logging(log_path)
     stop_on_sigterm()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eaglenest.core.io import atomic_path, read_json
+from eaglenest.core.io import atomic_path, iter_jsonl, read_json
+from eaglenest.pipeline.job_events import EVENTS_ENV, gpu_busy_seconds, read_events
 
 
 def summary_stage(*, benchmark_files, responses_path, out_summary, out_stage_times, **run) -> dict:
@@ -28,7 +29,6 @@ def gpu_stage_tokens(*, responses_path, plan, metrics, acceptance, metadata) -> 
     """The tokens each GPU stage's jobs processed, and what they are: regeneration's output
     tokens, extraction's prefill tokens (offline), training's tokens times the epochs its job
     ran, evaluation's output tokens over its methods."""
-    from eaglenest.core.io import iter_jsonl
 
     generated = sum(len(r.get("completion_token_ids") or ()) for r in iter_jsonl(responses_path))
     resumed = metrics.get("resumed_from_epoch")
@@ -52,8 +52,6 @@ def gpu_busy_share() -> float | None:
     """Share of this Snakemake invocation, so far, with a GPU job running: from its job events
     (eaglenest.pipeline.job_events), which local jobs find through EVENTS_ENV; None elsewhere."""
     import time
-
-    from eaglenest.pipeline.job_events import EVENTS_ENV, gpu_busy_seconds, read_events
 
     path = os.environ.get(EVENTS_ENV)
     if not path or not Path(path).exists():

@@ -8,6 +8,9 @@ import logging
 import math
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import atomic_path, read_json, write_json
+from eaglenest.evaluation.evaluate import plot_per_position
+from eaglenest.report.summary import read_benchmark
 from eaglenest.training.sweep import LOG_AXES, SETTINGS, format_setting
 
 log = logging.getLogger(__name__)
@@ -137,8 +140,6 @@ def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from eaglenest.core.io import atomic_path
-
     cols = max(len(keys), 1)
     fig, axes = plt.subplots(2, cols, figsize=(4.5 * cols, 7), squeeze=False)
     for c, key in enumerate(keys):
@@ -193,8 +194,6 @@ def plot_data_scaling(rows: list[dict], keys: list[str], k: int, out_png) -> lis
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from eaglenest.core.io import atomic_path
 
     fits = []
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -284,10 +283,6 @@ def compare_stage(
     with data_fraction swept, the data-scaling fit as JSON and its plot. The run's own
     evaluation (`reference_acceptance`) gives no speculation's tokens/s."""
     import pandas as pd
-
-    from eaglenest.core.io import atomic_path, read_json, write_json
-    from eaglenest.evaluation.evaluate import plot_per_position
-    from eaglenest.report.summary import read_benchmark
 
     reference = read_json(reference_acceptance)
     k = reference["num_speculative_tokens"]

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.target.kimi_mini import build_kimi_mini
 from eaglenest.target.resolve import check_build_destination, hub_cache_dir, publish_to_hub_cache
 from eaglenest.target.tiny import build_tiny_target
 
@@ -27,9 +28,6 @@ def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
     if architecture == "llama":
         build_tiny_target(target, [corpus], **shape)
         return
-    # Lazy: the Kimi builder is left out of the tiny Llama's code hash (its rule's leave_out).
-    from eaglenest.target.kimi_mini import build_kimi_mini
-
     if "intermediate_size" in shape:
         raise EaglenestError(
             "target.build_tiny.intermediate_size applies to the llama "

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import read_json, write_json
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -204,7 +205,6 @@ class TargetShape:
 
 
 def read_config(model_dir) -> tuple[dict, Path]:
-    from eaglenest.core.io import read_json
 
     path = Path(model_dir)
     path = path / "config.json" if path.is_dir() or not path.suffix else path
@@ -301,8 +301,6 @@ def _check_complete(folder: Path) -> list[tuple[str, int]]:
         if f.is_file() and ".cache" not in f.parts
     )
     for index in folder.glob("*.safetensors.index.json"):
-        from eaglenest.core.io import read_json
-
         missing = sorted(
             {s for s in read_json(index).get("weight_map", {}).values() if not (folder / s).exists()}
         )
@@ -347,8 +345,6 @@ def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, ou
     """The `resolve_target` rule: resolve and record."""
     import logging
 
-    from eaglenest.core.io import write_json
-
     target = resolve_target(name, revision=revision, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     record = asdict(target)
     write_json(out_record, record)
@@ -367,7 +363,6 @@ def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, ou
 
 def load_target(record_path) -> Target:
     """The resolved target from `target.json`; its folder must still exist."""
-    from eaglenest.core.io import read_json
 
     record = read_json(record_path)
     try:

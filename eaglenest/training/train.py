@@ -27,6 +27,27 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import (
+    atomic_path,
+    disk_full,
+    free_bytes,
+    human_bytes,
+    iter_jsonl,
+    read_json,
+    reports_disk_full,
+    write_json,
+)
+from eaglenest.draft.config import draft_parameter_count
+from eaglenest.engine.server import Lease, log_tail, serving
+from eaglenest.hidden_states.extract import FP8, extraction_server_spec, spool_dir
+from eaglenest.hidden_states.shard_check import header_problem, verify_shards
+from eaglenest.pipeline.workflow import resolve_device
+from eaglenest.planning.run_estimate import job_gpus, split_gpus
+from eaglenest.training.contracts import check_training_inputs
+from eaglenest.training.speculators_internals import check_internals
+from eaglenest.training.sweep import training_subset
+
 log = logging.getLogger(__name__)
 
 
@@ -226,8 +247,6 @@ def run_trainer(
     """Run speculators' trainer in a child process, recording per-epoch metrics to
     `metrics_file` (`env`: more variables for it). A failure for want of disk for a checkpoint
     says so."""
-    from eaglenest.core.io import disk_full, free_bytes, reports_disk_full
-    from eaglenest.engine.server import log_tail
 
     cmd = trainer_command(args, gpus)
     log.info("$ %s", " ".join(cmd))
@@ -251,7 +270,6 @@ def run_trainer(
 def checkpoint_problem(folder: Path) -> str | None:
     """What is missing or cut short in one of speculators' epoch checkpoints (it writes them in
     place: a kill or a full disk can leave one half-written), or None."""
-    from eaglenest.hidden_states.shard_check import header_problem
 
     model, optimizer = folder / "model.safetensors", folder / "optimizer_state_dict.pt"
     for f in (model, folder / "config.json", optimizer):
@@ -298,19 +316,18 @@ def checkpoint_bytes(save_path, draft_config: dict) -> int:
     done = epochs_done(save_path)
     if done:
         return sum(f.stat().st_size for f in (Path(save_path) / str(done[-1])).iterdir() if f.is_file())
-    from eaglenest.draft.config import draft_parameter_count
 
     return 2 * 2 * draft_parameter_count(draft_config)
 
 
 def main(argv: list[str]) -> None:
-    from eaglenest.training.speculators_internals import check_internals
 
     check_internals()
     patch_for_cpu()
     # Unset when the command in a checkpoint's train_command.txt is replayed by hand.
     if os.environ.get(METRICS_FILE_ENV):
         record_epoch_metrics(os.environ[METRICS_FILE_ENV])
+    # Lazy: it imports speculators' dataset module, which only online and hybrid runs use.
     from eaglenest.hidden_states import online as online_data
 
     if os.environ.get(online_data.KEY_ENV):  # online and hybrid mode
@@ -336,7 +353,6 @@ def _file_digest(path) -> str:
 def collect_metrics(metrics_file) -> list[dict]:
     """Per-epoch training means and validation metrics, one row per epoch in order. An epoch
     rerun after an interrupt was recorded twice: its last record wins."""
-    from eaglenest.core.io import iter_jsonl
 
     if not Path(metrics_file).exists():
         return []
@@ -349,8 +365,6 @@ def plot_curves(metrics: list[dict], out_png) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from eaglenest.core.io import atomic_path
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     epochs = [m["epoch"] for m in metrics]
@@ -409,15 +423,6 @@ def train_stage(
     shards; online and hybrid (`hs_mode`), it extracts from the run's server as it trains,
     which needs the hidden-state plan (`plan_path`), the target's record (`target_record`) and
     the server's params (`server_cfg`)."""
-    from eaglenest.core.io import atomic_path, iter_jsonl, read_json, write_json
-    from eaglenest.engine.server import Lease
-    from eaglenest.hidden_states.extract import FP8
-    from eaglenest.hidden_states.shard_check import verify_shards
-    from eaglenest.pipeline.workflow import resolve_device
-    from eaglenest.planning.run_estimate import job_gpus
-    from eaglenest.training.contracts import check_training_inputs
-    from eaglenest.training.speculators_internals import check_internals
-    from eaglenest.training.sweep import training_subset
 
     check_internals()  # before any input is checked or linked: a speculators that moved fails first
     offline = hs_mode == "offline"
@@ -547,7 +552,6 @@ def prune_after_training(work: Path, save_path: Path, out_checkpoint) -> int:
     variant of the config trains any more, and this spec's checkpoints before its last epoch
     (each holds the optimizer state; speculators 0.9.0 also saves the frozen target embedding
     in every one: about 2.35 GB at Kimi's shape). Returns the bytes freed."""
-    from eaglenest.core.io import human_bytes, read_json
 
     owner = str(Path(out_checkpoint).resolve())
     stale = [
@@ -582,9 +586,6 @@ def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None, rows=Non
     sweep's data subset) picks the rows, renumbered in that order, each linked to its own file."""
     from datasets import Dataset
 
-    from eaglenest.core.errors import EaglenestError
-    from eaglenest.core.io import iter_jsonl
-
     data_dir = Path(data_dir)
     if data_dir.exists():
         shutil.rmtree(data_dir)
@@ -618,6 +619,7 @@ def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None, rows=Non
 def kept_hidden_states(run_dir, key: str) -> Path:
     """Hybrid mode's folder of kept samples for these hidden states (`key`: the plan, dtype,
     rows and target); folders kept for other hidden states are stale and removed."""
+    # Lazy: it imports speculators' dataset module, which only online and hybrid runs use.
     from eaglenest.hidden_states.online import remove_pending
 
     root = Path(run_dir).resolve() / ".eaglenest" / "hidden_states_kept"
@@ -635,7 +637,6 @@ def kept_hidden_states(run_dir, key: str) -> Path:
 def gpu_split(gpus: int, server_gpus: int | None) -> tuple[str, str]:
     """CUDA_VISIBLE_DEVICES of the server and of the trainer: the job's GPUs (as it was given
     them) split by eaglenest.planning.run_estimate.split_gpus; one GPU is shared."""
-    from eaglenest.planning.run_estimate import job_gpus, split_gpus
 
     devices = job_gpus(gpus)
     server, trainer = split_gpus(len(devices), server_gpus)
@@ -651,8 +652,7 @@ def train_with_server(
     """Train while the run's extraction server (the spec extract_hidden_states uses, on its
     share of the GPUs; `gpus` None: CPU, shared) extracts each sample the trainer asks for.
     Online, every generated file is deleted once loaded; hybrid keeps it in `kept`."""
-    from eaglenest.engine.server import serving
-    from eaglenest.hidden_states.extract import extraction_server_spec, spool_dir
+    # Lazy: it imports speculators' dataset module, which only online and hybrid runs use.
     from eaglenest.hidden_states.online import KEEP_ENV, KEY_ENV
 
     server_devices, trainer_devices = gpu_split(gpus, server_gpus) if gpus else (None, None)
