@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor, quantize_tensor_to_fp8
+from hs_connectors.fp8_utils import SCALES_KEY, dequantize_fp8_tensor
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import (
@@ -46,6 +46,7 @@ from eaglenest.engine.server import (
     check_alive,
     serving,
 )
+from eaglenest.hidden_states import fp8
 from eaglenest.pipeline.workflow import resolve_device
 from eaglenest.planning.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.target.resolve import read_shape
@@ -76,8 +77,10 @@ def vllm_extraction_spec(
     cpu: bool,
     dtype: str = "bfloat16",
 ) -> ServerSpec:
-    """The vLLM server that writes hidden states of the aux layers plus the last one; for fp8
-    storage its connector writes them quantized (hs_connectors' FP8 connector, or its CPU twin)."""
+    """The vLLM server that writes hidden states of the aux layers plus the last one. `dtype`
+    fp8: its connector writes them quantized, as the trainer reads them over the wire (online
+    and hybrid: hs_connectors' FP8 connector, or its CPU twin); offline extraction passes the
+    engine's own dtype instead and quantizes in the stage (eaglenest.hidden_states.fp8)."""
     spec_cfg = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -129,12 +132,16 @@ def values_of(data: dict) -> torch.Tensor:
     return data["hidden_states"]
 
 
-def stored_tensors(hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
-    """One sample as the trainer's file holds it, in the stored dtype (fp8: quantized with its
-    per-token scales, exactly as hs_connectors' FP8 connector writes it)."""
+def stored_tensors(
+    hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str, tally: fp8.SlotErrorTally | None = None
+) -> dict[str, torch.Tensor]:
+    """One sample as the trainer's file holds it, in the stored dtype (fp8: hs_connectors'
+    format with a scale per token and slot, each slot's error added to `tally`)."""
     tensors = {"token_ids": token_ids.to(torch.int64).contiguous()}
     if dtype == FP8:
-        values, scales = quantize_tensor_to_fp8(hidden)
+        values, scales = fp8.quantize(hidden)
+        if tally is not None:
+            tally.add(fp8.slot_errors(hidden, values, scales))
         tensors.update(hidden_states=values.contiguous(), **{SCALES_KEY: scales.contiguous()})
     else:
         tensors["hidden_states"] = hidden.to(DTYPES[dtype]).contiguous()
@@ -150,12 +157,12 @@ def in_stored_format(data: dict, dtype: str) -> bool:
     )
 
 
-def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> dict:
+def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str, tally=None) -> dict:
     """Write one sample in the stored dtype; return its manifest record (size and sha256),
     taken from the bytes written rather than by reading the file back."""
     from safetensors.torch import save
 
-    data = save(stored_tensors(hidden, token_ids, dtype))
+    data = save(stored_tensors(hidden, token_ids, dtype, tally))
     path.write_bytes(data)
     return bytes_record(data)
 
@@ -212,6 +219,7 @@ def extract_shard_vllm(
     )
     watch = StallWatch(server, stall_timeout_s)
     in_engine = threading.BoundedSemaphore(concurrency)
+    tally = fp8.SlotErrorTally()
     t0 = time.monotonic()
 
     def one(item, tmp: Path):
@@ -237,7 +245,7 @@ def extract_shard_vllm(
             shutil.move(path, out)
             record = bytes_record(raw)
         else:
-            record = _save(out, values_of(data), data["token_ids"], dtype)
+            record = _save(out, values_of(data), data["token_ids"], dtype, tally)
             os.remove(path)
         return len(ids), out.name, record
 
@@ -254,7 +262,7 @@ def extract_shard_vllm(
             pool.shutdown(wait=False, cancel_futures=True)
         tokens, files = sum(n for n, _, _ in done), {name: rec for _, name, rec in done}
         stats = _write_manifest(
-            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
+            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0, tally
         )
     return stats
 
@@ -273,8 +281,14 @@ def _engine_file_bytes(path: str) -> bytes:
     return data
 
 
-def _write_manifest(tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds) -> dict:
-    """The shard's record; `files` maps each file name to its size and sha256 (shard_check)."""
+def _write_manifest(
+    tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds, tally=None
+) -> dict:
+    """The shard's record; `files` maps each file name to its size and sha256 (shard_check).
+    An fp8 shard records each slot's error and is refused (nothing stored) where it is too large."""
+    tally = tally or fp8.SlotErrorTally()
+    if problem := tally.problem():
+        raise EaglenestError(f"shard {meta['shard']} (rows {start}..{stop}): {problem}", tmp.parent)
     stats = {
         "rows": [start, stop],
         "samples": stop - start,
@@ -285,6 +299,7 @@ def _write_manifest(tmp: Path, start, stop, tokens, files, hidden_size, dtype, m
         "seconds": round(seconds, 3),
         "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
         **meta,
+        "fp8_error": tally.summary(),
         "files": dict(sorted(files.items(), key=lambda kv: int(kv[0][3:].split(".")[0]))),
     }
     (tmp / "manifest.json").write_text(json.dumps(stats, indent=2) + "\n")
@@ -332,7 +347,7 @@ def extract_shard_transformers(
     )
     start, stop = shard_bounds(num_rows, num_shards, shard)
     t0 = time.monotonic()
-    tokens, files = 0, {}
+    tokens, files, tally = 0, {}, fp8.SlotErrorTally()
     with atomic_path(out_dir, is_dir=True) as tmp, torch.inference_mode():
         for i, row in read_rows(tokenized_path, start, stop):
             ids = torch.tensor([row["input_ids"]])
@@ -345,10 +360,10 @@ def extract_shard_transformers(
                 hidden_size,
                 f"{tokenized_path} row {i}",
             )
-            files[f"hs_{i}.safetensors"] = _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype)
+            files[f"hs_{i}.safetensors"] = _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype, tally)
             tokens += ids.shape[1]
         stats = _write_manifest(
-            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0
+            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0, tally
         )
     return stats
 
@@ -480,10 +495,21 @@ def spool_dir(run_dir) -> Path:
 
 
 def extraction_server_spec(
-    run_dir, target: str, plan: dict, server_cfg: dict, dtype: str, visible_gpus: str | None = None
+    run_dir,
+    target: str,
+    plan: dict,
+    server_cfg: dict,
+    dtype: str,
+    visible_gpus: str | None = None,
+    *,
+    online: bool = False,
 ) -> ServerSpec:
     """The run's extraction server, from the plan and a rule's server params: the same spec for
-    extract_hidden_states and, online, train_draft (`visible_gpus`: its share of the GPUs)."""
+    extract_hidden_states and, `online`, train_draft (`visible_gpus`: its share of the GPUs).
+    Offline fp8 the engine writes its own dtype and the stage quantizes, per slot, measuring
+    the error (eaglenest.hidden_states.fp8); online the trainer reads the engine's fp8 files."""
+    if dtype == FP8 and not online:
+        dtype = "bfloat16"  # selects the plain connector; the engine writes its own dtype
 
     env = dict(server_cfg["env"])
     if visible_gpus is not None:

@@ -11,11 +11,12 @@ from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import free_bytes
 from eaglenest.target.resolve import cache_status, on_hub, read_shape
 
-FP8 = "float8_e4m3fn"  # hs_connectors' fp8 storage: 8-bit values and a scale per token
+FP8 = "float8_e4m3fn"  # hs_connectors' fp8 format: 8-bit values beside float32 scales
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, FP8: 1}
 HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
-#: hs_connectors' fp8 format stores one float32 scale per token beside the 8-bit values.
-FP8_SCALE_BYTES = 4
+#: Offline extraction stores a float32 scale per token and slot (eaglenest.hidden_states.fp8);
+#: the engine's connector, online, one per token.
+FP8_SCALE_BYTES = 4 * HIDDEN_LAYERS_STORED
 MODES = ("offline", "online", "hybrid")
 
 

@@ -656,7 +656,9 @@ def train_with_server(
     from eaglenest.hidden_states.online import KEEP_ENV, KEY_ENV
 
     server_devices, trainer_devices = gpu_split(gpus, server_gpus) if gpus else (None, None)
-    spec = extraction_server_spec(run_dir, target.path, plan, server_cfg, hs_dtype, server_devices)
+    spec = extraction_server_spec(
+        run_dir, target.path, plan, server_cfg, hs_dtype, server_devices, online=True
+    )
     ranks = len(trainer_devices.split(",")) if trainer_devices else 1
     try:
         with serving(
