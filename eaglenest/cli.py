@@ -15,6 +15,7 @@ from collections.abc import Callable
 from eaglenest.core.errors import EaglenestError
 from eaglenest.hidden_states.shard_check import verify_shards
 from eaglenest.planning.plan import format_plan, make_plan
+from eaglenest.report.disk_usage import folder_usage, format_usage
 
 Register = Callable[["argparse._SubParsersAction"], None]
 SUBCOMMANDS: list[Register] = []
@@ -166,6 +167,34 @@ def _run_verify_shards(args: argparse.Namespace) -> int:
         f"ok: {result['files']} files in {result['shards']} shards"
         + (", checksums match" if args.checksums else "")
     )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# disk-usage
+
+
+@subcommand
+def _disk_usage(subparsers) -> None:
+    p = subparsers.add_parser(
+        "disk-usage",
+        help="how much a run folder holds, by stage folder, training spec and variant",
+        description=(
+            "Sum the bytes under each of RUN_DIR's folders (each stage's outputs; each training "
+            "spec's checkpoints under .eaglenest/train/; each sweep variant), largest first. A "
+            "file linked from two places counts once."
+        ),
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(run=_run_disk_usage)
+
+
+def _run_disk_usage(args: argparse.Namespace) -> int:
+    import json
+
+    rows = folder_usage(args.run_dir)
+    print(json.dumps(rows, indent=2) if args.json else format_usage(rows, args.run_dir))
     return 0
 
 
