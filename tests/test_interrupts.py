@@ -14,33 +14,31 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, default_config, planned_jobs, snakemake, write_config
+from conftest import (
+    default_config,
+    planned_jobs,
+    run_env,
+    snakemake,
+    snakemake_command,
+    write_config,
+)
 
 pytestmark = pytest.mark.engine
 
 
 def start_snakemake(workdir: Path, configfile: Path, *targets: str) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--configfile",
-        str(configfile),
-        "--cores",
-        "2",
-        *targets,
-    ]
+    """The workflow started as the suite starts every run (conftest.snakemake_command), in a
+    session of its own so that a kill can take its whole process group."""
+    cmd, cwd, _events = snakemake_command(workdir, configfile, "--cores", "2", *targets)
     log = workdir / f"killed-run-{time.time_ns()}.log"
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=run_env(None), start_new_session=True
+        )
     proc.workdir, proc.configfile, proc.log = workdir, configfile, log
     return proc
 
