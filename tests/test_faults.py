@@ -17,9 +17,8 @@ import torch
 
 from eaglenest import cli
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import file_record
 from eaglenest.engine.server import Server, ServerError
-from eaglenest.hidden_states.extract import _save, _write_manifest
+from eaglenest.hidden_states.extract import write_shard
 from eaglenest.hidden_states.shard_check import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,14 +29,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _shard(folder, rows: range, hidden: int = 8):
     """A shard as extraction leaves it: safetensors files and a manifest listing them."""
-    folder.mkdir(parents=True)
-    files = {}
-    for i in rows:
-        n = 5 + i
-        _save(folder / f"hs_{i}.safetensors", torch.randn(n, 4, hidden), torch.arange(n), "bfloat16")
-        files[f"hs_{i}.safetensors"] = file_record(folder / f"hs_{i}.safetensors")
-    _write_manifest(
-        folder, rows.start, rows.stop, 0, files, hidden, "bfloat16", {"aux_layer_ids": [1, 2, 3]}, 1.0
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    samples = ((i, torch.randn(5 + i, 4, hidden), torch.arange(5 + i)) for i in rows)
+    meta = {"aux_layer_ids": [1, 2, 3]}
+    write_shard(
+        folder, samples, rows=(rows.start, rows.stop), hidden_size=hidden, dtype="bfloat16", meta=meta
     )
     return folder
 

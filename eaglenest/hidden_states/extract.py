@@ -346,9 +346,8 @@ def extract_shard_transformers(
         lambda _m, inputs, _out: captured.__setitem__("pre_norm", inputs[0])
     )
     start, stop = shard_bounds(num_rows, num_shards, shard)
-    t0 = time.monotonic()
-    tokens, files, tally = 0, {}, fp8.SlotErrorTally()
-    with atomic_path(out_dir, is_dir=True) as tmp, torch.inference_mode():
+
+    def samples():
         for i, row in read_rows(tokenized_path, start, stop):
             ids = torch.tensor([row["input_ids"]])
             out = model(ids, output_hidden_states=True)
@@ -360,12 +359,27 @@ def extract_shard_transformers(
                 hidden_size,
                 f"{tokenized_path} row {i}",
             )
-            files[f"hs_{i}.safetensors"] = _save(tmp / f"hs_{i}.safetensors", hidden, ids[0], dtype, tally)
-            tokens += ids.shape[1]
-        stats = _write_manifest(
-            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0, tally
+            yield i, hidden, ids[0]
+
+    with torch.inference_mode():
+        return write_shard(
+            out_dir, samples(), rows=(start, stop), hidden_size=hidden_size, dtype=dtype, meta=meta
         )
-    return stats
+
+
+def write_shard(out_dir, samples, *, rows: tuple[int, int], hidden_size: int, dtype: str, meta: dict) -> dict:
+    """Store `samples` (row index, hidden states [seq, 4, H], token ids) as the shard of `rows`
+    [start, stop): each file in the stored dtype, then the manifest. Nothing is at `out_dir`
+    unless every sample was written (and, fp8, no slot's error is past the limit)."""
+    t0 = time.monotonic()
+    tokens, files, tally = 0, {}, fp8.SlotErrorTally()
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        for i, hidden, token_ids in samples:
+            files[f"hs_{i}.safetensors"] = _save(tmp / f"hs_{i}.safetensors", hidden, token_ids, dtype, tally)
+            tokens += token_ids.shape[0]
+        return _write_manifest(
+            tmp, *rows, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0, tally
+        )
 
 
 def check_free_space(out_dir, needed: int, margin_bytes: int, mode: str, peaks: dict, dtype: str) -> None:
