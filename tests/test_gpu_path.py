@@ -148,3 +148,25 @@ def test_the_speculators_internals_eaglenest_relies_on_are_checked_by_name(monke
         r"\(hybrid: overridden to keep or discard a sample\)",
     ):
         check_internals()
+
+
+@pytest.mark.engine
+def test_the_gpu_training_benchmark_trains_resumes_and_exports_at_tiny_shapes(tmp_path):
+    """benchmarks/bench_gpu_training.py, the script a GPU machine without vLLM runs, as the
+    suite can run it: on CPU at tiny shapes, killed after its first epoch and resumed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu_training.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--shape", "tiny", "--samples", "8", "--workdir", str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, (out + proc.stderr)[-4000:]
+    checks = [line for line in out.splitlines() if line.startswith(("ok  ", "FAIL"))]
+    assert len(checks) == 4 and all(line.startswith("ok  ") for line in checks), out
+    assert "resumed from epoch 0, trained epoch 1 only" in out
