@@ -443,32 +443,12 @@ def train_stage(
         if offline
         else [read_json(plan_path), hs_dtype, _file_digest(tokenized_path), _file_digest(target_record)]
     )
-    key = spec_key(
-        [
-            hp,
-            dcfg,
-            _file_digest(t2d_npy),
-            _file_digest(d2t_npy),
-            _file_digest(tokenized_path),
-            hs_mode,
-            hs_key,
-        ]
-    )
-    work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
+    inputs = (hp, dcfg, *map(_file_digest, (t2d_npy, d2t_npy, tokenized_path)), hs_mode, hs_key)
+    work = training_folder(run_dir, spec_key(list(inputs)), out_checkpoint)
     data_dir, save_path = work / "data", work / "checkpoints"
-    work.mkdir(parents=True, exist_ok=True)
-    write_json(work / OWNER_FILE, {"output": str(Path(out_checkpoint).resolve()), "spec": key})
     kept = kept_hidden_states(run_dir, spec_key(hs_key)) if hs_mode == "hybrid" else None
-    # A sweep's data_fraction: a nested subset of the training rows, validation rows kept whole.
-    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
+    subset, hp, num_rows = data_fraction_rows(tokenized_path, hp)
     fraction = hp.get("data_fraction", 1.0)
-    subset = None
-    if fraction < 1:
-        subset, ratio = training_subset(
-            num_rows, hp["train_data_ratio"], fraction, hp["seed"], tokenized_path
-        )
-        hp = {**hp, "train_data_ratio": ratio}
-        num_rows = len(subset)
     train_rows = int(num_rows * hp["train_data_ratio"])
     log.info(
         "training on %d rows, validating on %d (data fraction %g)",
@@ -481,7 +461,7 @@ def train_stage(
     done = epochs_done(save_path)
     log.info(
         "training spec %s (%s hidden states): %d of %d epochs already done%s",
-        key,
+        work.name,
         hs_mode,
         len(done),
         hp["epochs"],
@@ -516,13 +496,7 @@ def train_stage(
             run_dir, target, read_json(plan_path), server_cfg, hs_dtype, kept, gpus if cuda else None,
             server_gpus, train_args, log_file, metrics_file, ckpt_bytes,
         )  # fmt: skip
-    final = epochs_done(save_path)
-    if not final:
-        raise RuntimeError(f"speculators wrote no checkpoint into {save_path}")
-    last = save_path / str(final[-1])
-    with atomic_path(out_checkpoint, is_dir=True) as tmp:
-        for name in ("config.json", "model.safetensors"):
-            shutil.copy(last / name, tmp / name)
+    final = keep_last_checkpoint(save_path, out_checkpoint)
     metrics = collect_metrics(metrics_file)
     summary = {
         "epochs": final[-1] + 1,  # epochs count from 0; earlier ones' checkpoints are pruned
@@ -544,6 +518,38 @@ def train_stage(
 
 # Names the output a training folder trains for, so a later spec for it can prune this one.
 OWNER_FILE = "owner.json"
+
+
+def training_folder(run_dir, key: str, out_checkpoint) -> Path:
+    """The training spec's own folder (`.eaglenest/train/<key>`), named for the output it trains
+    (OWNER_FILE), so a later spec for the same output can prune it."""
+    work = Path(run_dir).resolve() / ".eaglenest" / "train" / key
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / OWNER_FILE, {"output": str(Path(out_checkpoint).resolve()), "spec": key})
+    return work
+
+
+def data_fraction_rows(tokenized_path, hp: dict) -> tuple[list[int] | None, dict, int]:
+    """A sweep's `data_fraction`: the rows trained and validated on (None: all), the
+    hyperparameters with the train ratio that keeps the validation rows whole, the row count."""
+    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
+    fraction = hp.get("data_fraction", 1.0)
+    if fraction >= 1:
+        return None, hp, num_rows
+    subset, ratio = training_subset(num_rows, hp["train_data_ratio"], fraction, hp["seed"], tokenized_path)
+    return subset, {**hp, "train_data_ratio": ratio}, len(subset)
+
+
+def keep_last_checkpoint(save_path: Path, out_checkpoint) -> list[int]:
+    """Copy the last epoch's draft (config and weights, no optimizer) to the rule's output;
+    return the epochs done."""
+    final = epochs_done(save_path)
+    if not final:
+        raise RuntimeError(f"speculators wrote no checkpoint into {save_path}")
+    with atomic_path(out_checkpoint, is_dir=True) as tmp:
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(save_path / str(final[-1]) / name, tmp / name)
+    return final
 
 
 def prune_after_training(work: Path, save_path: Path, out_checkpoint) -> int:
