@@ -35,6 +35,9 @@ rule train_draft:
         # Offline training starts no server: its settings must not retrain it.
         server=server_params() if HS_MODE != "offline" else None,
         server_gpus=config["hidden_states"]["server_gpus"] if HS_MODE != "offline" else None,
+        shared_gpu_server_memory=(
+            config["hidden_states"]["shared_gpu_server_memory"] if HS_MODE != "offline" else None
+        ),
         code=train_code(),
     script:
         "../scripts/train_draft.py"

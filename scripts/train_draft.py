@@ -26,6 +26,7 @@ run_logged(
     hs_dtype=p.hs_dtype,
     server_cfg=dict(p.server) if p.server else None,
     server_gpus=p.server_gpus,
+    shared_gpu_server_memory=p.shared_gpu_server_memory,
     out_checkpoint=sm.output.checkpoint,
     out_metrics=sm.output.metrics,
     out_curves=sm.output.curves,

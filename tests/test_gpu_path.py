@@ -34,6 +34,46 @@ def test_without_cuda_visible_devices_the_gpus_torch_sees_count(monkeypatch):
     assert gpu_split(1, None) == ("0", "0")  # one GPU, shared by the server and the trainer
 
 
+def _server_flags(spec) -> list[str]:
+    return [a for a in spec.args if a.startswith("--")]
+
+
+def test_on_one_shared_gpu_the_online_server_leaves_the_trainer_its_share(monkeypatch, tmp_path):
+    """vLLM takes 0.9 of a GPU by default: on the one GPU online training shares with the
+    server, the server is held to hidden_states.shared_gpu_server_memory, after the user's own
+    vllm.extra_args (vLLM reads the last); on GPUs of its own it keeps what they say."""
+    from types import SimpleNamespace
+
+    from eaglenest.training.train import online_server_spec
+
+    plan = {"aux_layer_ids": [1, 2, 3], "target_num_layers": 6}
+    server_cfg = {"env": {}, "base_args": ["--gpu-memory-utilization", "0.90"], "device": "cuda"}
+    target = SimpleNamespace(path="t")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    spec, trainer = online_server_spec(tmp_path, target, plan, server_cfg, "bfloat16", 1, None, 0.4)
+    assert trainer == "3" and dict(spec.env)["CUDA_VISIBLE_DEVICES"] == "3"
+    flags = list(spec.args)
+    last = len(flags) - 1 - flags[::-1].index("--gpu-memory-utilization")
+    assert flags[last + 1] == "0.4" and last > flags.index("--gpu-memory-utilization")
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    spec, trainer = online_server_spec(tmp_path, target, plan, server_cfg, "bfloat16", 2, None, 0.4)
+    assert trainer == "1" and _server_flags(spec).count("--gpu-memory-utilization") == 1
+    assert "0.4" not in spec.args
+
+
+def test_the_plan_checks_the_target_fits_the_servers_share_of_a_shared_gpu():
+    from eaglenest.planning.run_estimate import gpu_memory_check
+
+    cfg = {"gpus": 1, "gpu_memory_gb": 80, "vllm": {"device": "cuda"}, "hidden_states": {"mode": "online"}}
+    shared = gpu_memory_check(cfg, int(50e9))  # 50 GB of weights: 100 GB at half of a GPU
+    assert shared["memory_utilization"] == 0.5 and shared["fits"] is False
+    alone = gpu_memory_check({**cfg, "hidden_states": {"mode": "offline"}}, int(50e9))
+    assert alone["memory_utilization"] == 0.9 and alone["fits"] is True
+    cfg["hidden_states"]["shared_gpu_server_memory"] = 0.7
+    assert gpu_memory_check(cfg, int(50e9))["fits"] is True
+
+
 def test_the_job_takes_the_first_gpus_it_was_given(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert gpu_split(4, 1) == ("4", "5,6,7")

@@ -517,23 +517,29 @@ def extraction_server_spec(
     visible_gpus: str | None = None,
     *,
     online: bool = False,
+    gpu_memory_utilization: float | None = None,
 ) -> ServerSpec:
     """The run's extraction server, from the plan and a rule's server params: the same spec for
     extract_hidden_states and, `online`, train_draft (`visible_gpus`: its share of the GPUs).
     Offline fp8 the engine writes its own dtype and the stage quantizes, per slot, measuring
-    the error (eaglenest.hidden_states.fp8); online the trainer reads the engine's fp8 files."""
+    the error (eaglenest.hidden_states.fp8); online the trainer reads the engine's fp8 files.
+    `gpu_memory_utilization`: the share of its GPU the server may take, after vllm.extra_args
+    (vLLM reads the last), where the trainer shares that GPU."""
     if dtype == FP8 and not online:
         dtype = "bfloat16"  # selects the plain connector; the engine writes its own dtype
 
     env = dict(server_cfg["env"])
     if visible_gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_gpus
+    base_args = tuple(server_cfg["base_args"])
+    if gpu_memory_utilization is not None:
+        base_args += ("--gpu-memory-utilization", str(gpu_memory_utilization))
     return vllm_extraction_spec(
         target,
         plan["aux_layer_ids"],
         plan["target_num_layers"],
         spool_dir(run_dir),
-        tuple(server_cfg["base_args"]),
+        base_args,
         tuple(sorted(env.items())),
         cpu=resolve_device(server_cfg["device"]) == "cpu",
         dtype=dtype,

@@ -18,6 +18,9 @@ HIDDEN_LAYERS_STORED = 4  # three auxiliary layers and the final one, per token
 #: the engine's connector, online, one per token.
 FP8_SCALE_BYTES = 4 * HIDDEN_LAYERS_STORED
 MODES = ("offline", "online", "hybrid")
+#: hidden_states.shared_gpu_server_memory's default (the schema's): online on one GPU, the share
+#: of its memory the extraction server may take, leaving the rest to the trainer.
+SHARED_GPU_SERVER_MEMORY = 0.5
 
 
 def hidden_state_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
@@ -183,6 +186,10 @@ def gpu_memory_check(cfg: dict, weight_bytes: int | None) -> dict:
     util = 0.9
     if "--gpu-memory-utilization" in extra[:-1]:
         util = float(extra[extra.index("--gpu-memory-utilization") + 1])
+    hs = cfg.get("hidden_states", {})
+    if hs.get("mode", "offline") != "offline" and int(cfg.get("gpus", 1)) == 1:
+        # Online on one GPU the extraction server shares it with the trainer.
+        util = float(hs.get("shared_gpu_server_memory", SHARED_GPU_SERVER_MEMORY))
     per_gpu = weight_bytes / tp
     need = per_gpu / util
     have = cfg.get("gpu_memory_gb")

@@ -39,11 +39,11 @@ from eaglenest.core.io import (
     write_json,
 )
 from eaglenest.draft.config import draft_parameter_count
-from eaglenest.engine.server import Lease, log_tail, serving
+from eaglenest.engine.server import Lease, ServerSpec, log_tail, serving
 from eaglenest.hidden_states.extract import FP8, extraction_server_spec, spool_dir
 from eaglenest.hidden_states.shard_check import header_problem, verify_shards
 from eaglenest.pipeline.workflow import resolve_device
-from eaglenest.planning.run_estimate import job_gpus, split_gpus
+from eaglenest.planning.run_estimate import SHARED_GPU_SERVER_MEMORY, job_gpus, split_gpus
 from eaglenest.training.contracts import check_training_inputs
 from eaglenest.training.speculators_internals import check_internals
 from eaglenest.training.sweep import training_subset
@@ -411,6 +411,7 @@ def train_stage(
     hs_dtype: str = "bfloat16",
     server_cfg: dict | None = None,
     server_gpus: int | None = None,
+    shared_gpu_server_memory: float = SHARED_GPU_SERVER_MEMORY,
     plan_path=None,
     target_record=None,
     out_checkpoint,
@@ -494,7 +495,7 @@ def train_stage(
     else:
         train_with_server(
             run_dir, target, read_json(plan_path), server_cfg, hs_dtype, kept, gpus if cuda else None,
-            server_gpus, train_args, log_file, metrics_file, ckpt_bytes,
+            server_gpus, shared_gpu_server_memory, train_args, log_file, metrics_file, ckpt_bytes,
         )  # fmt: skip
     final = keep_last_checkpoint(save_path, out_checkpoint)
     metrics = collect_metrics(metrics_file)
@@ -651,9 +652,37 @@ def gpu_split(gpus: int, server_gpus: int | None) -> tuple[str, str]:
     return ",".join(devices[:server]), ",".join(devices[server:])
 
 
+def online_server_spec(
+    run_dir, target, plan, server_cfg, hs_dtype, gpus, server_gpus, shared_gpu_server_memory
+) -> tuple[ServerSpec, str | None]:
+    """The extraction server online training reads from, and the trainer's CUDA_VISIBLE_DEVICES
+    (None: CPU, `gpus` None). On one GPU that both use, the server may take only
+    `shared_gpu_server_memory` of it: vLLM's default 0.9 would leave the trainer almost nothing."""
+    server_devices, trainer_devices = gpu_split(gpus, server_gpus) if gpus else (None, None)
+    shared = server_devices is not None and server_devices == trainer_devices
+    if shared:
+        log.info(
+            "the server and the trainer share GPU %s: the server may take %.0f%% of its memory "
+            "(hidden_states.shared_gpu_server_memory)",
+            server_devices,
+            100 * shared_gpu_server_memory,
+        )
+    spec = extraction_server_spec(
+        run_dir,
+        target.path,
+        plan,
+        server_cfg,
+        hs_dtype,
+        server_devices,
+        online=True,
+        gpu_memory_utilization=shared_gpu_server_memory if shared else None,
+    )
+    return spec, trainer_devices
+
+
 def train_with_server(
-    run_dir, target, plan, server_cfg, hs_dtype, kept, gpus, server_gpus, train_args, log_file, metrics_file,
-    ckpt_bytes,
+    run_dir, target, plan, server_cfg, hs_dtype, kept, gpus, server_gpus, shared_gpu_server_memory, train_args,
+    log_file, metrics_file, ckpt_bytes,
 ) -> None:  # fmt: skip
     """Train while the run's extraction server (the spec extract_hidden_states uses, on its
     share of the GPUs; `gpus` None: CPU, shared) extracts each sample the trainer asks for.
@@ -661,9 +690,8 @@ def train_with_server(
     # Lazy: it imports speculators' dataset module, which only online and hybrid runs use.
     from eaglenest.hidden_states.online import KEEP_ENV, KEY_ENV
 
-    server_devices, trainer_devices = gpu_split(gpus, server_gpus) if gpus else (None, None)
-    spec = extraction_server_spec(
-        run_dir, target.path, plan, server_cfg, hs_dtype, server_devices, online=True
+    spec, trainer_devices = online_server_spec(
+        run_dir, target, plan, server_cfg, hs_dtype, gpus, server_gpus, shared_gpu_server_memory
     )
     ranks = len(trainer_devices.split(",")) if trainer_devices else 1
     try:
