@@ -403,7 +403,7 @@ def check_free_space(out_dir, needed: int, margin_bytes: int, mode: str, peaks: 
     if dtype != FP8:
         half = needed * DTYPE_BYTES[FP8] // DTYPE_BYTES[dtype]
         ways.append(
-            f"hidden_states.dtype: {FP8} (about {human_bytes(half)}: fp8 values and a scale per token)"
+            f"hidden_states.dtype: {FP8} (about {human_bytes(half)}: fp8 values and their float32 scales)"
         )
     raise EaglenestError(
         f"not enough disk for hidden states in {mode} mode: need {needed / 1e9:.2f} GB + "
