@@ -440,6 +440,21 @@ class Tally:
         if masked_ids:
             self.counts += np.bincount(np.concatenate(masked_ids), minlength=self.vocab_size)
 
+    def rows_as_lines(self, batch: list[dict], results: list[dict], multi_turn: str) -> str:
+        """The kept rows of a batch as tokenized_data.jsonl lines, their masked tokens counted."""
+        lines, masked = [], []
+        for row, result in zip(batch, results):
+            kept = self.row(row, result, multi_turn)
+            if kept is not None:
+                ids, mask = kept
+                masked.append(ids[mask.astype(bool)])
+                lines.append(
+                    '{"id":%s,"input_ids":%s,"loss_mask":%s}\n'  # noqa: UP031 -- braces-free, fast
+                    % (json.dumps(row["id"], ensure_ascii=False), _int_list(ids), _bit_list(mask))
+                )
+        self.count_tokens(masked)
+        return "".join(lines)
+
     @property
     def rows_from_expansion(self) -> int:
         return self.rows_in - (self.samples_in - self.skipped["regeneration_failed"])
@@ -473,6 +488,17 @@ class Tally:
         }
 
 
+def _check_settings(responses_path: Path, max_seq_len, overlong: str, multi_turn: str) -> None:
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise EaglenestError(f"max_seq_len must be a positive integer (got {max_seq_len!r})")
+    if overlong not in OVERLONG_POLICIES:
+        raise EaglenestError(f"overlong must be one of {OVERLONG_POLICIES} (got {overlong!r})")
+    if multi_turn not in MULTI_TURN_POLICIES:
+        raise EaglenestError(f"multi_turn must be one of {MULTI_TURN_POLICIES} (got {multi_turn!r})")
+    if not responses_path.exists():
+        raise EaglenestError("file does not exist", responses_path)
+
+
 def tokenize_stage(
     responses_path,
     target_dir,
@@ -500,14 +526,7 @@ def tokenize_stage(
     import torch
 
     responses_path = Path(responses_path)
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-        raise EaglenestError(f"max_seq_len must be a positive integer (got {max_seq_len!r})")
-    if overlong not in OVERLONG_POLICIES:
-        raise EaglenestError(f"overlong must be one of {OVERLONG_POLICIES} (got {overlong!r})")
-    if multi_turn not in MULTI_TURN_POLICIES:
-        raise EaglenestError(f"multi_turn must be one of {MULTI_TURN_POLICIES} (got {multi_turn!r})")
-    if not responses_path.exists():
-        raise EaglenestError("file does not exist", responses_path)
+    _check_settings(responses_path, max_seq_len, overlong, multi_turn)
 
     tokenizer = load_tokenizer(target_dir, trust_remote_code)
     chat = ChatTurns(tokenizer)
@@ -518,20 +537,6 @@ def tokenize_stage(
         overlong,
         responses_path,
     )
-
-    def write(batch: list[dict], results: list[dict], f) -> None:
-        lines, masked = [], []
-        for row, result in zip(batch, results):
-            kept = tally.row(row, result, multi_turn)
-            if kept is not None:
-                ids, mask = kept
-                masked.append(ids[mask.astype(bool)])
-                lines.append(
-                    '{"id":%s,"input_ids":%s,"loss_mask":%s}\n'  # noqa: UP031 -- braces-free, fast
-                    % (json.dumps(row["id"], ensure_ascii=False), _int_list(ids), _bit_list(mask))
-                )
-        tally.count_tokens(masked)
-        f.write("".join(lines))
 
     # About what the outputs take: the responses' size (their ids as text, the masks) and the
     # dense counts, 8 bytes a vocabulary entry.
@@ -547,7 +552,7 @@ def tokenize_stage(
                 for rid in chunk.failed:
                     tally.skip("regeneration_failed", rid)
                 tally.rows_in += len(chunk.rows)
-                write(chunk.rows, results, f)
+                f.write(tally.rows_as_lines(chunk.rows, results, multi_turn))
         save_tensor(torch.from_numpy(tally.counts), tmp_freq)
         metadata = tally.metadata(
             multi_turn=multi_turn,
