@@ -108,7 +108,8 @@ def main() -> None:
             stop_pid(plain.pid)
 
         spool = tmp / "spool"
-        spec = vllm_extraction_spec(str(target), aux, n, spool, BASE_ARGS, ENV, cpu=True, dtype=args.dtype)
+        # As the stage serves it: the engine's own dtype, quantized by the stage for fp8 storage.
+        spec = vllm_extraction_spec(str(target), aux, n, spool, BASE_ARGS, ENV, cpu=True)
         t0 = time.perf_counter()
         server = start(spec, tmp, tmp / "extraction.log")
         startup = time.perf_counter() - t0

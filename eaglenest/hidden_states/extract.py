@@ -57,7 +57,7 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float32": torch.float32,
-    # hs_connectors' fp8 format: the values over one float32 scale per token (fp8_utils).
+    # hs_connectors' fp8 format: the values beside float32 scales (eaglenest.hidden_states.fp8).
     FP8: torch.float8_e4m3fn,
 }
 
@@ -75,12 +75,12 @@ def vllm_extraction_spec(
     base_args: tuple[str, ...],
     env: tuple,
     cpu: bool,
-    dtype: str = "bfloat16",
+    fp8_connector: bool = False,
 ) -> ServerSpec:
-    """The vLLM server that writes hidden states of the aux layers plus the last one. `dtype`
-    fp8: its connector writes them quantized, as the trainer reads them over the wire (online
-    and hybrid: hs_connectors' FP8 connector, or its CPU twin); offline extraction passes the
-    engine's own dtype instead and quantizes in the stage (eaglenest.hidden_states.fp8)."""
+    """The vLLM server that writes hidden states of the aux layers plus the last one, in the
+    engine's dtype, or with `fp8_connector` quantized as the trainer reads them over the wire
+    (online and hybrid: hs_connectors' FP8 connector, or its CPU twin). Offline extraction
+    quantizes in the stage instead (eaglenest.hidden_states.fp8)."""
     spec_cfg = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
@@ -94,9 +94,11 @@ def vllm_extraction_spec(
         "kv_connector_extra_config": {"shared_storage_path": str(Path(spool_dir).resolve())},
     }
     if cpu:
-        kv_cfg["kv_connector"] = "CpuFP8HiddenStatesConnector" if dtype == FP8 else "CpuHiddenStatesConnector"
+        kv_cfg["kv_connector"] = (
+            "CpuFP8HiddenStatesConnector" if fp8_connector else "CpuHiddenStatesConnector"
+        )
         kv_cfg["kv_connector_module_path"] = "eaglenest.engine.cpu_connector"
-    elif dtype == FP8:
+    elif fp8_connector:
         kv_cfg["kv_connector"] = "FP8HiddenStatesConnector"
         kv_cfg["kv_connector_module_path"] = "hs_connectors.fp8_hidden_states_connector"
     args = (
@@ -282,11 +284,10 @@ def _engine_file_bytes(path: str) -> bytes:
 
 
 def _write_manifest(
-    tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds, tally=None
+    tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds, tally: fp8.SlotErrorTally
 ) -> dict:
     """The shard's record; `files` maps each file name to its size and sha256 (shard_check).
     An fp8 shard records each slot's error and is refused (nothing stored) where it is too large."""
-    tally = tally or fp8.SlotErrorTally()
     if problem := tally.problem():
         raise EaglenestError(f"shard {meta['shard']} (rows {start}..{stop}): {problem}", tmp.parent)
     stats = {
@@ -525,9 +526,6 @@ def extraction_server_spec(
     the error (eaglenest.hidden_states.fp8); online the trainer reads the engine's fp8 files.
     `gpu_memory_utilization`: the share of its GPU the server may take, after vllm.extra_args
     (vLLM reads the last), where the trainer shares that GPU."""
-    if dtype == FP8 and not online:
-        dtype = "bfloat16"  # selects the plain connector; the engine writes its own dtype
-
     env = dict(server_cfg["env"])
     if visible_gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_gpus
@@ -542,7 +540,7 @@ def extraction_server_spec(
         base_args,
         tuple(sorted(env.items())),
         cpu=resolve_device(server_cfg["device"]) == "cpu",
-        dtype=dtype,
+        fp8_connector=online and dtype == FP8,
     )
 
 

@@ -32,11 +32,16 @@ def hidden_state_bytes(num_tokens: int, hidden_size: int, dtype: str) -> int:
     return num_tokens * per_token
 
 
+def shares_one_gpu(gpus: int, server_gpus: int | None) -> bool:
+    """Whether online and hybrid training run the server and the trainer on one GPU."""
+    return gpus == 1 and server_gpus in (None, 1)
+
+
 def split_gpus(gpus: int, server_gpus: int | None) -> tuple[int, int]:
     """(server, trainer) GPUs of a GPU rule's `gpus` when training reads hidden states from the
     run's server (online, hybrid). One GPU is shared by both; else the server takes
     `server_gpus` (null: half, rounded up) and the trainer's ranks the rest."""
-    if gpus == 1 and server_gpus in (None, 1):
+    if shares_one_gpu(gpus, server_gpus):
         return 1, 1
     server = server_gpus if server_gpus is not None else (gpus + 1) // 2
     if server >= gpus:
@@ -187,7 +192,9 @@ def gpu_memory_check(cfg: dict, weight_bytes: int | None) -> dict:
     if "--gpu-memory-utilization" in extra[:-1]:
         util = float(extra[extra.index("--gpu-memory-utilization") + 1])
     hs = cfg.get("hidden_states", {})
-    if hs.get("mode", "offline") != "offline" and int(cfg.get("gpus", 1)) == 1:
+    if hs.get("mode", "offline") != "offline" and shares_one_gpu(
+        int(cfg.get("gpus", 1)), hs.get("server_gpus")
+    ):
         # Online on one GPU the extraction server shares it with the trainer.
         util = float(hs.get("shared_gpu_server_memory", SHARED_GPU_SERVER_MEMORY))
     per_gpu = weight_bytes / tp
