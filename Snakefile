@@ -29,6 +29,7 @@ rule all:
     input:
         acceptance=f"{RUN}/eval/acceptance.json",
         draft=f"{RUN}/draft",
+        draft_sglang=[f"{RUN}/draft_sglang"] if SGLANG_EXPORT else [],
         coverage=f"{RUN}/vocab/vocab_coverage.json",
         summary=f"{RUN}/run_summary.csv",
         # With a sweep: every variant, side by side (rules/sweep.smk).

@@ -7,13 +7,14 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from eaglenest.data.benchmarks import benchmark_file, check_benchmarks
+from eaglenest.draft.config import check_sglang_target
 from eaglenest.core.errors import EaglenestError
 from eaglenest.planning.run_estimate import data_loaders, split_gpus
 from eaglenest.pipeline.run_guard import claim_run_folder, forward_sigterm_to_jobs
 from eaglenest.evaluation.evaluate import METHODS as EVAL_METHODS
 from eaglenest.target.gguf import gguf_source
 from eaglenest.engine.server import WORKFLOW_PID_ENV, Lease
-from eaglenest.training.sweep import plan_variants, swept_keys, train_hp
+from eaglenest.training.sweep import plan_variants, swept_keys, train_hp, train_settings
 from eaglenest.target.resolve import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
 from eaglenest.pipeline.workflow import code_hash, vllm_base_args, vllm_env
 
@@ -45,6 +46,8 @@ NUM_SHARDS = config["hidden_states"]["num_shards"]
 # reads hidden states from the run's server (eaglenest.hidden_states.online), so no shard is in the DAG.
 HS_MODE = config["hidden_states"]["mode"]
 SHARD_DIRS = [f"{RUN}/hidden_states/shard_{k}" for k in range(NUM_SHARDS)] if HS_MODE == "offline" else []
+# The engines the draft is exported for: vLLM's folder always (evaluation serves it), SGLang's beside it.
+SGLANG_EXPORT = "sglang" in config["export"]["engines"]
 # A sweep's variants (eaglenest.training.sweep): the base, the run's own draft, first; [] without a sweep.
 try:
     VARIANTS = plan_variants(config)
@@ -82,6 +85,13 @@ try:
         check_build_destination(TARGET, "gguf")
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: target.path: {e}")
+# A run that exports to SGLang, checked before any stage where the target's config is here (a
+# local folder); built and hub targets are checked by draft_config, before extraction.
+if SGLANG_EXPORT and not (BUILD_TINY or GGUF or TARGET_ON_HUB):
+    try:
+        check_sglang_target(TARGET, config["hidden_states"]["aux_layer_ids"])
+    except EaglenestError as e:
+        raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: export.engines: {e}")
 if HS_MODE != "offline" and config["vllm"]["device"] != "cpu":
     try:
         SERVER_GPUS, _ = split_gpus(GPUS, config["hidden_states"]["server_gpus"])

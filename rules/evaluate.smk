@@ -70,6 +70,7 @@ rule run_summary:
         metadata=rules.tokenize.output.metadata,
         responses=rules.regenerate_responses.output.responses,
         target=rules.resolve_target.output.record,
+        sglang_export=[f"{RUN}/draft_sglang"] if SGLANG_EXPORT else [],
         # What Snakemake's `benchmark:` recorded for each job of the run (time, memory).
         benchmarks=[
             *([rules.import_gguf_target.benchmark] if GGUF else []),
@@ -83,6 +84,7 @@ rule run_summary:
             *expand(rules.extract_hidden_states.benchmark, k=range(len(SHARD_DIRS))),
             rules.train_draft.benchmark,
             rules.export_draft.benchmark,
+            *([f"{RUN}/benchmarks/export_draft_sglang.tsv"] if SGLANG_EXPORT else []),
             rules.prepare_benchmarks.benchmark,
             rules.evaluate_acceptance.benchmark,
         ],

@@ -1,4 +1,5 @@
-# Training with speculators' EAGLE-3 trainer, and the export vLLM serves directly. Offline, it
+# Training with speculators' EAGLE-3 trainer, the export vLLM serves directly and, with
+# export.engines naming sglang, the one SGLang loads. Offline, it
 # reads the stored shards; online and hybrid, it extracts from the run's server as it trains.
 
 
@@ -25,7 +26,7 @@ rule train_draft:
         gpu=GPUS,
     params:
         run_dir=RUN,
-        hp=config["train"],
+        hp=train_settings(config),
         gpus=GPUS,
         device=config["vllm"]["device"],
         # The mode is a training param: switching it reruns training and what follows, never
@@ -61,3 +62,21 @@ rule export_draft:
         code=code_hash("export_draft"),
     script:
         "../scripts/export_draft.py"
+
+
+if SGLANG_EXPORT:
+
+    rule export_draft_sglang:
+        input:
+            draft=rules.export_draft.output.draft,
+            target=rules.resolve_target.output.record,
+        output:
+            draft=directory(f"{RUN}/draft_sglang"),
+        log:
+            f"{RUN}/logs/export_draft_sglang.log",
+        benchmark:
+            f"{RUN}/benchmarks/export_draft_sglang.tsv"
+        params:
+            code=code_hash("export_draft_sglang"),
+        script:
+            "../scripts/export_draft_sglang.py"

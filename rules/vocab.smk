@@ -40,6 +40,7 @@ rule draft_config:
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
         draft_layers=config["train"]["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
+        sglang_export=SGLANG_EXPORT,
         code=code_hash("draft_config"),
     script:
         "../scripts/draft_config.py"

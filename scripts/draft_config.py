@@ -15,4 +15,5 @@ run_logged(
     draft_vocab_size=p.draft_vocab_size,
     draft_layers=p.draft_layers,
     max_position_embeddings=p.max_model_len,
+    sglang_export=p.sglang_export,
 )

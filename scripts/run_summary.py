@@ -17,6 +17,9 @@ run_logged(
     metadata_path=sm.input.metadata,
     benchmark_files=sm.input.benchmarks,
     responses_path=sm.input.responses,
+    sglang_export_path=f"{sm.input.sglang_export[0]}/eaglenest_export.json"
+    if sm.input.sglang_export
+    else None,
     out_summary=sm.output.summary,
     out_stage_times=sm.output.stage_times,
 )

@@ -198,7 +198,7 @@ def job_timeline(events: Path) -> list[dict]:
 # keep their margins there (the trained draft's tokens per target step against the untrained
 # one's, the training curves), and CI gains minutes. The unchanged config, and the README's
 # figures for it, are benchmarks/bench_default_run.py's.
-DEFAULT_RUN_CUT = {"prompts": 600, "epochs": 4}
+DEFAULT_RUN_CUT = {"prompts": 600, "epochs": 4}  # and both exports (export.engines)
 
 
 def start_default_run(tmp_path_factory) -> dict:
@@ -208,6 +208,8 @@ def start_default_run(tmp_path_factory) -> dict:
     (source,) = cfg["prompts"]["sources"]
     source["samples"] = DEFAULT_RUN_CUT["prompts"]
     cfg["train"]["epochs"] = DEFAULT_RUN_CUT["epochs"]
+    # Both exports, so the pipeline tests see SGLang's beside the vLLM one the evaluation serves.
+    cfg["export"]["engines"] = ["vllm", "sglang"]
     configfile = write_config(workdir, cfg)
     return {
         "workdir": workdir,

@@ -48,6 +48,7 @@ def test_plan_states_the_peak_disk_of_every_mode(tmp_path):
         "nothing_to_do": True,
         "hidden_states": est,
         "target": {"source": "built by the workflow", "name": "t", "gpu_memory": {}},
+        "exports": ["vllm"],
         "gpu_order": [],
     }
     text = format_plan(plan)

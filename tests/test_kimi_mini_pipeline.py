@@ -35,6 +35,25 @@ def test_the_trained_draft_beats_the_untrained_one_and_ngram_losslessly(kimi_min
         assert acc[method]["lossless"] and acc[method]["identical_fraction"] == 1.0, method
 
 
+def test_the_seed_cases_sglang_export_keeps_deepseeks_layer_ids_and_its_yarn(kimi_mini_run):
+    """config/kimi-mini.yaml exports to SGLang as the seed case's config does: SGLang's
+    DeepSeek-V3 language model (which Kimi-K2.5's class hands the call to) captures the ids as
+    they are, and its YaRN rope is the one speculators trained with (the parity check rotates
+    it as SGLang does)."""
+    run = kimi_mini_run["run_dir"]
+    vllm_cfg = json.loads((run / "draft" / "config.json").read_text())
+    cfg = json.loads((run / "draft_sglang" / "config.json").read_text())
+    record = json.loads((run / "draft_sglang" / "eaglenest_export.json").read_text())
+    assert cfg["eaglenest"]["target_architecture"] == "KimiK25ForConditionalGeneration"
+    assert (
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        == vllm_cfg["eagle_aux_hidden_state_layer_ids"]
+    )
+    assert cfg["rope_parameters"]["rope_type"] == "yarn" and cfg["rope_scaling"] == cfg["rope_parameters"]
+    assert record["checks"]["parity"]["ok"] is True, record["checks"]
+    assert all(check["ok"] for check in record["checks"].values()), record["checks"]
+
+
 def test_the_hub_id_resolves_from_the_cache_for_every_stage(kimi_mini_run):
     run, cache = kimi_mini_run["run_dir"], kimi_mini_run["cache"]
     record = json.loads((run / "target.json").read_text())

@@ -226,6 +226,7 @@ def test_changing_a_param_reruns_exactly_its_dependents(default_run):
         "draft_config",
         "train_draft",
         "export_draft",
+        "export_draft_sglang",  # the suite's cut exports to SGLang too
         "evaluate_acceptance",
         "run_summary",
         "all",
@@ -268,6 +269,33 @@ def test_exported_draft_states_its_contract(default_run):
     )
     weights = load_file(str(run / "draft" / "model.safetensors"))
     assert torch.equal(weights["d2t"], torch.load(run / "vocab" / "d2t.pt", weights_only=True))
+
+
+def test_the_draft_is_exported_for_sglang_beside_vllm_with_every_check_passed(default_run):
+    """export.engines [vllm, sglang] (the suite's cut sets it): vLLM's export is the one the
+    evaluation served; SGLang's beside it, from the same tensors, trained in the form SGLang's
+    forward computes, with its keys, config and forward checked."""
+    run = default_run["run_dir"]
+    vllm_cfg = json.loads((run / "draft" / "config.json").read_text())
+    assert vllm_cfg["norm_before_residual"] is False
+    assert "--no-norm-before-residual" in (run / "logs" / "train_draft.log").read_text()
+    cfg = json.loads((run / "draft_sglang" / "config.json").read_text())
+    record = json.loads((run / "draft_sglang" / "eaglenest_export.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    # The tiny target is a Llama: SGLang captures layer id + 1.
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+        i - 1 for i in vllm_cfg["eagle_aux_hidden_state_layer_ids"]
+    ]
+    assert {name: check["ok"] for name, check in record["checks"].items()} == {
+        "keys": True,
+        "config": True,
+        "parity": True,
+    }
+    sglang_weights = load_file(str(run / "draft_sglang" / "model.safetensors"))
+    for key, tensor in load_file(str(run / "draft" / "model.safetensors")).items():
+        assert torch.equal(sglang_weights[key], tensor), key
+    summary = (run / "run_summary.csv").read_text()
+    assert "sglang" in summary and "parity passed" in summary
 
 
 def test_no_server_is_left_running(default_run):

@@ -26,7 +26,7 @@ from eaglenest import cli
 from eaglenest.pipeline.job_events import HEARTBEAT_S, event_files, read_events
 from eaglenest.pipeline.job_order import gpu_stages
 from eaglenest.pipeline.rerun_reasons import CODE, MISSING, PARAMS, STALE, UPSTREAM, classify_reason
-from eaglenest.planning.plan import dry_run, make_plan
+from eaglenest.planning.plan import dry_run, format_plan, make_plan
 from eaglenest.planning.run_estimate import estimate_hidden_states
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,6 +237,10 @@ def test_kimi_plan_is_offline_and_estimates_from_config(workflow, monkeypatch, c
     assert (hs["samples"], hs["tokens_per_sample"], hs["hidden_size"]) == (9800, 2000, 7168)
     assert hs["bytes"] == 9800 * 2000 * 4 * 7168 * 2
     assert hs["basis"].startswith("estimate")
+    # The seed case exports to SGLang too, and the plan says what that changes in training.
+    assert plan["exports"] == ["vllm", "sglang"]
+    assert "export_draft_sglang" in [s["rule"] for s in plan["stages"]]
+    assert "norm_before_residual false" in format_plan(plan)
 
 
 def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):

@@ -80,6 +80,23 @@ def test_a_local_model_without_build_tiny_plans_no_build_into_it(clone, untraine
     assert folder_bytes(model) == before
 
 
+def test_an_sglang_export_sglang_could_not_feed_is_refused_before_any_job(clone, untrained_target, tmp_path):
+    """A local target whose architecture SGLang's EAGLE-3 capture does not know (or aux layers it
+    cannot capture) fails `snakemake -n`, naming its config.json, not after training."""
+    model = users_model(untrained_target, tmp_path / "my-mistral")
+    config_json = model / "config.json"
+    config_json.write_text(config_json.read_text().replace('"LlamaForCausalLM"', '"MistralForCausalLM"'))
+    cfg = shipped(clone, "config.yaml")
+    cfg["target"] = {"path": str(model), "name": "my-mistral"}
+    cfg["export"] = {"engines": ["vllm", "sglang"]}
+    proc = snakemake(clone, write_config(clone, cfg, "mistral-sglang.yaml"), "-n", check=False)
+    assert proc.returncode != 0 and not proc.events.exists()
+    out = proc.stdout + proc.stderr
+    assert f"export.engines: {config_json}: sglang" in out and "MistralForCausalLM" in out
+    cfg["export"] = {"engines": ["vllm"]}  # the same model, exported for vLLM alone, plans
+    assert planned_jobs(snakemake(clone, write_config(clone, cfg, "mistral-vllm.yaml"), "-n"))["all"] == 1
+
+
 def test_build_tiny_set_on_a_users_folder_by_mistake_is_refused_and_nothing_deleted(
     clone, untrained_target, tmp_path
 ):

@@ -2,10 +2,14 @@
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
+import yaml
 
 from eaglenest.training.train import EpochMetricsFile, collect_metrics, plot_curves
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _log_epoch(logger, epoch, train_losses, val_loss):
@@ -130,3 +134,26 @@ def test_a_finished_training_prunes_superseded_specs_and_its_earlier_epochs(tmp_
     assert epochs_done(train / "new0" / "checkpoints") == [2]
     assert sorted(p.name for p in (train / "new0" / "checkpoints").iterdir()) == ["2", "epoch2_end"]
     assert freed == before - held() > 0 and shard.read_bytes() == b"x" * 100
+
+
+@pytest.mark.parametrize(("engines", "expected"), [(["vllm"], True), (["vllm", "sglang"], False)])
+def test_a_run_exported_to_sglang_trains_the_form_sglangs_forward_computes(engines, expected):
+    """speculators' own parser reads the trainer's flags: norm_before_residual is its default
+    (true) for vLLM alone, false when the draft is exported to SGLang too."""
+    from speculators.train.config.resolution import build_parser
+    from speculators.train.config.schema import DraftArgs
+
+    from eaglenest.training.sweep import train_settings
+    from eaglenest.training.train import trainer_args
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["export"] = {"engines": engines}
+    args = trainer_args(
+        target="/models/k", data_dir="d", save_path="s", draft_config="c.json", d2t_npy="d2t.npy",
+        t2d_npy="t2d.npy", draft_vocab_size=32, aux_layer_ids=[2, 4, 5], hp=train_settings(config),
+        cpu=True, log_dir="l",
+    )  # fmt: skip
+    parsed = vars(build_parser().parse_args(args))  # a flag left out is absent: the schema's default
+    assert (
+        parsed.get("norm_before_residual", DraftArgs.model_fields["norm_before_residual"].default) is expected
+    )

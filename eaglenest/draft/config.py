@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import write_json
+from eaglenest.draft.sglang import sglang_layer_ids
 from eaglenest.target.resolve import read_config, read_shape, text_config
 
 
@@ -81,6 +82,16 @@ def draft_rope_parameters(tcfg: dict, source) -> tuple[dict, str | None]:
     return params, derived
 
 
+def check_sglang_target(target_dir, aux_layer_ids) -> list[int]:
+    """A run that exports to SGLang, refused before any stage when SGLang's target could not hand
+    the draft the layers it trains on (eaglenest.draft.sglang); returns SGLang's ids.
+    `aux_layer_ids`: the config's (None: the default three)."""
+    shape = read_shape(target_dir)
+    _, config_path = read_config(target_dir)
+    aux = resolve_aux_layer_ids(aux_layer_ids, shape.num_layers, config_path)
+    return sglang_layer_ids(aux, next(iter(shape.architectures), None), config_path)
+
+
 def draft_config_stage(
     target_dir,
     out_path,
@@ -89,7 +100,12 @@ def draft_config_stage(
     draft_vocab_size: int,
     draft_layers: int = 1,
     max_position_embeddings: int | None = None,
+    sglang_export: bool = False,
 ) -> dict:
+    """`sglang_export`: the draft is exported to SGLang too (export.engines), so its aux layers
+    must be ones SGLang's target can capture (checked here, before extraction)."""
+    if sglang_export:
+        check_sglang_target(target_dir, aux_layer_ids)
     shape = read_shape(target_dir)
     config, config_path = read_config(target_dir)
     tcfg = text_config(config)

@@ -142,6 +142,7 @@ def make_plan(
         "gpu_order": gpu_stages(jobs),
         "hidden_states": estimate_hidden_states(cfg, workdir, rebuilding, basedir=sf.parent),
         "target": target_status(cfg, workdir),
+        "exports": cfg["export"]["engines"],
         "job_list": [asdict(j) | {"gpu": j.gpu} for j in jobs],
     }
 
@@ -167,6 +168,7 @@ def format_plan(plan: dict) -> str:
             lines.append(f"  {name:<{width}} {count:>9}  {'; '.join(why)}")
     lines.append("")
     lines += format_target(plan["target"])
+    lines.append(format_exports(plan["exports"]))
     hs = plan["hidden_states"]
     lines.append("")
     if hs["bytes"] is None:
@@ -203,6 +205,16 @@ def format_plan(plan: dict) -> str:
     else:
         lines.append("GPU rules: none will run.")
     return "\n".join(lines)
+
+
+def format_exports(engines: list[str]) -> str:
+    line = f"Exports: {', '.join(engines)}"
+    if "sglang" in engines:
+        line += (
+            " (the draft trains with norm_before_residual false, the form sglang's forward computes; "
+            "draft_sglang/ is checked against sglang's loader and forward)"
+        )
+    return line
 
 
 MODE_STORES = {

@@ -71,7 +71,10 @@ def summarize_run(
     metadata_path,
     out_csv,
     gpu_busy: float | None = None,
+    sglang_export_path=None,
 ) -> list[tuple[str, object]]:
+    """`sglang_export_path`: the SGLang export's record (eaglenest_export.json), when the run
+    exports to SGLang too."""
     import pandas as pd
 
     acc, metrics = read_json(acceptance_path), read_json(metrics_path)
@@ -100,6 +103,7 @@ def summarize_run(
         ("learning rate", lr),
         ("num_speculative_tokens", acc["num_speculative_tokens"]),
         ("held-out prompts", acc["prompts"]),
+        ("exported for", exports_line(sglang_export_path)),
     ]
     for method in ("no_spec", "ngram", "untrained_draft", "draft"):
         r = acc[method]
@@ -127,6 +131,19 @@ def summarize_run(
     with atomic_path(out_csv) as tmp:
         pd.DataFrame(rows, columns=["parameter", "value"]).to_csv(tmp, index=False)
     return rows
+
+
+def exports_line(sglang_export_path) -> str:
+    """The engines the draft was exported for, with the checks each export passed."""
+    line = "vllm (draft/, served by the evaluation above)"
+    if sglang_export_path:
+        record = read_json(sglang_export_path)
+        checks = ", ".join(
+            f"{name} {'passed' if check['ok'] else 'not run' if check['ok'] is None else 'FAILED'}"
+            for name, check in record["checks"].items()
+        )
+        line += f"; sglang {record['sglang_version']} (draft_sglang/: {checks})"
+    return line
 
 
 def hidden_states_line(plan: dict) -> str:

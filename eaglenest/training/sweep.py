@@ -97,9 +97,20 @@ def plan_variants(config: dict) -> list[Variant]:
     return variants
 
 
+def train_settings(config: dict) -> dict:
+    """The `train` params of the run: the config's section, and the draft's form for the engines
+    it is exported for (SGLang's forward keeps the unnormalised state as the first layer's
+    residual, so a draft exported to it trains with norm_before_residual false; only then is the
+    key added, so a vLLM-only run's training spec stays what it was)."""
+    hp = dict(config["train"])
+    if "sglang" in config["export"]["engines"]:
+        hp["norm_before_residual"] = False
+    return hp
+
+
 def train_hp(config: dict, settings: dict) -> dict:
     """The `train` params of a variant: the run's own, with the variant's settings."""
-    hp = dict(config["train"])
+    hp = train_settings(config)
     for key in ("ttt_steps", "draft_layers", "epochs", "lr"):
         hp[key] = settings[key]
     hp["data_fraction"] = settings["data_fraction"]

@@ -211,6 +211,9 @@ def trainer_args(
     ]
     if trust_remote_code:
         args.append("--trust-remote-code")
+    if hp.get("norm_before_residual") is False:
+        # The form SGLang's forward computes (a run that exports to it: training.sweep.train_settings).
+        args.append("--no-norm-before-residual")
     if cpu:
         # The fused loss is a Triton kernel and FlexAttention has no CPU backward.
         args += ["--loss-implementation", "eager", "--draft-attn-impl", "sdpa"]
