@@ -1,9 +1,11 @@
 # Config helpers shared by every rule file. Planning never loads a model, starts a server or
 # touches the network: everything here reads the config and the local file system only.
+import hashlib
 import os
 import re
 from pathlib import Path
 
+from snakemake.io import is_flagged
 from snakemake.utils import validate
 
 from eaglenest.data.benchmarks import benchmark_file, check_benchmarks
@@ -127,15 +129,26 @@ def target_source_files():
     return sorted(str(f) for f in Path(TARGET).rglob("*") if f.is_file())
 
 
-def repository_file(path) -> str:
-    """A file the repository ships, as an input path: relative to the working directory when
-    the workflow runs from its own checkout, so another clone (or a moved one) with the same run
-    folder plans the same inputs; absolute when the working directory is elsewhere (-d)."""
+def repository_file(path):
+    """A file the repository ships, as an input: relative to the working directory when the
+    workflow runs from its own checkout, so another clone (or a moved one) with the same run
+    folder plans the same inputs; absolute when the working directory is elsewhere (-d). Marked
+    ancient: a clone's checkout gives the file a new time, not new content; its content is a
+    param of the rule that reads it (repository_digests), so an edit still reruns it."""
     path = Path(workflow.basedir).resolve() / path
     try:
-        return str(path.relative_to(Path.cwd().resolve()))
+        return ancient(str(path.relative_to(Path.cwd().resolve())))
     except ValueError:
-        return str(path)
+        return ancient(str(path))
+
+
+def repository_digests(files) -> dict:
+    """sha256 of each repository file among `files` (the ones repository_file marked)."""
+    return {
+        str(f): hashlib.sha256(Path(f).read_bytes()).hexdigest()
+        for f in files
+        if is_flagged(f, "ancient") and Path(f).exists()
+    }
 
 
 def tiny_target_corpus():

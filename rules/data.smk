@@ -18,6 +18,7 @@ if BUILD_TINY:
             target=TARGET,
             cache_dir=TARGET_CACHE,
             shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
+            corpus_digest=repository_digests([tiny_target_corpus()]),
             code=code_hash("build_tiny_target", leave_out=TINY_BUILDERS_NOT_USED),
         script:
             "../scripts/build_tiny_target.py"
@@ -89,6 +90,7 @@ rule prepare_prompts:
         f"{RUN}/benchmarks/prepare_prompts.tsv"
     params:
         sources=config["prompts"]["sources"],
+        bundled_digests=repository_digests(prompt_source_files()),
         eval_samples=config["prompts"]["eval_samples"],
         seed=config["prompts"]["seed"],
         code=code_hash("prepare_prompts"),

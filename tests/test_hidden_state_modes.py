@@ -355,7 +355,8 @@ def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run)
 @pytest.mark.engine
 def test_the_seed_miniature_trains_online_in_fp8_and_stores_nothing(kimi_mini_run, tmp_path):
     """The Kimi-K2.5 miniature (MLA, MoE, nested multimodal config, remote-code tokenizer),
-    switched to online fp8 in a copy of its finished run: only training reruns, the engine's
+    copied whole into another folder (a moved checkout: nothing to do), then switched to online
+    fp8 there: only training reruns, the engine's
     fp8 connector and the trainer's fp8 reader meet over the wire, and nothing is stored."""
     import shutil
     import stat
@@ -367,11 +368,19 @@ def test_the_seed_miniature_trains_online_in_fp8_and_stores_nothing(kimi_mini_ru
 
     work = tmp_path / "kimi"
     shutil.copytree(kimi_mini_run["workdir"], work, symlinks=True, ignore=sockets)  # copy2 keeps mtimes
+    env = {**kimi_mini_run["env"], "HF_HOME": str(work / "hf-home")}
+    # The finished run in a moved checkout whose files a clone has just written (the same run
+    # folder; the repository's files newer than every output): its repository inputs are named
+    # relative to the checkout and compared by content, so nothing is planned.
+    for name in ("Snakefile", "scripts", "rules", "data", "eaglenest", "config", "profiles"):
+        for f in [work / name, *(work / name).rglob("*")]:
+            os.utime(f)
+    moved = snakemake(work, work / "config" / "kimi-mini.yaml", "-n", env=env)
+    assert planned_jobs(moved) == {} and "Nothing to be done" in moved.stdout + moved.stderr
     cfg = yaml.safe_load(kimi_mini_run["configfile"].read_text())
     cfg["hidden_states"].update(mode="online", dtype=FP8)
     cfg["train"]["epochs"] = 2  # the wiring, not the draft's quality: two epochs show it (CI time)
     configfile = write_config(work, cfg, "online-fp8.yaml")
-    env = {**kimi_mini_run["env"], "HF_HOME": str(work / "hf-home")}
     run_dir, target = work / cfg["run_dir"], f"{cfg['run_dir']}/train/train_metrics.json"
     for shard in run_dir.glob("hidden_states/shard_*"):
         shutil.rmtree(shard)  # the offline run's shards: online needs none
