@@ -277,13 +277,40 @@ def test_changed_params_and_stale_input_after_a_real_stage(workflow, tmp_path):
     # prepare_prompts will rerun, so its stats no longer count: back to the config estimate.
     assert plan["hidden_states"]["basis"].startswith("estimate: samples from config")
 
-    # Edited prompts (Snakemake compares the recorded checksum, so content must change).
+    # A repository file's time alone (a fresh clone's checkout) reruns nothing; its content does,
+    # named by the file (its sha256 is a param: rules/common.smk, repository_file).
     prompts = workflow / "data/prompts/default.jsonl"
+    os.utime(prompts)
+    assert "prepare_prompts" not in {s["rule"] for s in make_plan(cwd=workflow)["stages"]}
     with open(prompts, "a") as f:
         f.write(json.dumps({"messages": [{"role": "user", "content": "One more prompt?"}]}) + "\n")
     plan = make_plan(cwd=workflow)
     prep = {s["rule"]: s for s in plan["stages"]}["prepare_prompts"]
-    assert prep["why"] == STALE and "default.jsonl" in prep["details"][STALE]
+    assert prep["why"] == PARAMS and "data/prompts/default.jsonl" in prep["details"][PARAMS]
+
+    # A user's own prompt file keeps Snakemake's time rule: edited, its input is stale.
+    own = workflow / "my_prompts.jsonl"
+    own.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"Mine {i}?"}]}) + "\n" for i in range(4)
+        )
+    )
+    cfg = yaml.safe_load((workflow / "config/config.yaml").read_text())
+    cfg["prompts"]["sources"] = [{"name": "mine", "type": "jsonl", "path": "my_prompts.jsonl"}]
+    cfg["prompts"]["eval_samples"] = 1
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(cfg))
+    subprocess.run(
+        [sys.executable, "-m", "snakemake", "results/default/prompts/prompts.jsonl", "--cores", "1", "--configfile", str(mine)],
+        cwd=workflow, env=env, capture_output=True, check=True,
+    )  # fmt: skip
+    time.sleep(0.01)
+    with open(own, "a") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "And this?"}]}) + "\n")
+    prep = {s["rule"]: s for s in make_plan(cwd=workflow, configfiles=[str(mine)])["stages"]}[
+        "prepare_prompts"
+    ]
+    assert prep["why"] == STALE and "my_prompts.jsonl" in prep["details"][STALE]
 
 
 def test_estimate_uses_measured_tokens_when_tokenized_data_stays(tmp_path):
