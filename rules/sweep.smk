@@ -65,12 +65,17 @@ use rule export_draft as export_draft_variant with:
         d2t=rules.build_vocab_mapping_variant.output.d2t_pt,
         draft_config=rules.draft_config_variant.output.config,
         target=rules.resolve_target.output.record,
+        metrics=rules.train_draft_variant.output.metrics,
+        metadata=rules.tokenize.output.metadata,
+        coverage=rules.build_vocab_mapping_variant.output.coverage,
     output:
         draft=directory(f"{VARIANT_DIR}/draft"),
     log:
         f"{RUN}/logs/variants/{{variant}}/export_draft.log",
     benchmark:
         f"{RUN}/benchmarks/variants/{{variant}}/export_draft.tsv"
+    params:
+        hp=variant_hp,
 
 
 use rule evaluate_acceptance as evaluate_acceptance_variant with:

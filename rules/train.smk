@@ -51,6 +51,10 @@ rule export_draft:
         d2t=rules.build_vocab_mapping.output.d2t_pt,
         draft_config=rules.draft_config.output.config,
         target=rules.resolve_target.output.record,
+        # What the folder's model card states.
+        metrics=rules.train_draft.output.metrics,
+        metadata=rules.tokenize.output.metadata,
+        coverage=rules.build_vocab_mapping.output.coverage,
     output:
         draft=directory(f"{RUN}/draft"),
     log:
@@ -59,6 +63,8 @@ rule export_draft:
         f"{RUN}/benchmarks/export_draft.tsv"
     params:
         max_model_len=config["vllm"]["max_model_len"],
+        hp=train_settings(config),
+        k=config["evaluate"]["num_speculative_tokens"],
         code=code_hash("export_draft"),
     script:
         "../scripts/export_draft.py"
@@ -70,6 +76,9 @@ if SGLANG_EXPORT:
         input:
             draft=rules.export_draft.output.draft,
             target=rules.resolve_target.output.record,
+            metrics=rules.train_draft.output.metrics,
+            metadata=rules.tokenize.output.metadata,
+            coverage=rules.build_vocab_mapping.output.coverage,
         output:
             draft=directory(f"{RUN}/draft_sglang"),
         log:
@@ -77,6 +86,8 @@ if SGLANG_EXPORT:
         benchmark:
             f"{RUN}/benchmarks/export_draft_sglang.tsv"
         params:
+            hp=train_settings(config),
+            k=config["evaluate"]["num_speculative_tokens"],
             code=code_hash("export_draft_sglang"),
         script:
             "../scripts/export_draft_sglang.py"

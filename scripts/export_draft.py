@@ -1,6 +1,7 @@
 """Snakemake adapter for `export_draft`: see eaglenest.evaluation.export."""
 
 from eaglenest.evaluation.export import export_stage
+from eaglenest.evaluation.model_card import model_card_inputs
 from eaglenest.pipeline.workflow import run_logged
 from eaglenest.target.resolve import load_target
 
@@ -15,4 +16,5 @@ run_logged(
     draft_config_path=sm.input.draft_config,
     target=load_target(sm.input.target),
     max_model_len=sm.params.max_model_len,
+    card=model_card_inputs(sm),
 )

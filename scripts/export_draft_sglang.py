@@ -1,5 +1,6 @@
 """Snakemake adapter for `export_draft_sglang`: see eaglenest.evaluation.sglang_export."""
 
+from eaglenest.evaluation.model_card import model_card_inputs
 from eaglenest.evaluation.sglang_export import export_sglang_stage
 from eaglenest.pipeline.workflow import run_logged
 from eaglenest.target.resolve import load_target
@@ -10,5 +11,6 @@ run_logged(
     export_sglang_stage,
     vllm_draft_dir=sm.input.draft,
     out_dir=sm.output.draft,
-    target_dir=load_target(sm.input.target).path,
+    target=load_target(sm.input.target),
+    card=model_card_inputs(sm),
 )

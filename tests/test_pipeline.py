@@ -296,6 +296,9 @@ def test_the_draft_is_exported_for_sglang_beside_vllm_with_every_check_passed(de
         assert torch.equal(sglang_weights[key], tensor), key
     summary = (run / "run_summary.csv").read_text()
     assert "sglang" in summary and "parity passed" in summary
+    for folder, library in (("draft", "vllm"), ("draft_sglang", "sglang")):
+        card = (run / folder / "README.md").read_text()
+        assert f"library_name: {library}" in card and "position 0: " in card, folder
 
 
 def test_no_server_is_left_running(default_run):

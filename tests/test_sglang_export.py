@@ -11,6 +11,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -85,12 +86,13 @@ def speculators_draft(
     return folder
 
 
-def target(folder: Path, architecture="LlamaForCausalLM") -> Path:
+def target(folder: Path, architecture="LlamaForCausalLM") -> SimpleNamespace:
+    """A local target folder holding its config.json, as the resolved target names it."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = {"architectures": [architecture], "model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN,
            "num_hidden_layers": 8, "num_attention_heads": 4, "intermediate_size": 128, "rms_norm_eps": 1e-6}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
+    return SimpleNamespace(path=str(folder), name=str(folder), hub_id=None, commit=None)
 
 
 def loaded(draft: Path, architecture="LlamaForCausalLM"):
@@ -127,7 +129,7 @@ def test_a_key_sglang_would_skip_fails_the_export_and_leaves_no_folder(tmp_path)
     save_file(weights, str(draft / "model.safetensors"))
     out = tmp_path / "draft_sglang"
     with pytest.raises(EaglenestError, match=r"fails its keys check.*q_norm"):
-        export_sglang_stage(draft, out, target_dir=target(tmp_path / "target"))
+        export_sglang_stage(draft, out, target=target(tmp_path / "target"))
     assert not out.exists()
 
 
@@ -165,7 +167,7 @@ def test_with_norm_before_residual_speculators_draft_computes_another_function(t
 def test_the_export_writes_what_sglang_reads_and_records_its_checks(tmp_path):
     draft = speculators_draft(tmp_path / "draft", rope=YARN, norm_before_fc=True, norm_output=True)
     out = tmp_path / "draft_sglang"
-    record = export_sglang_stage(draft, out, target_dir=target(tmp_path / "target"))
+    record = export_sglang_stage(draft, out, target=target(tmp_path / "target"), card=card_inputs(tmp_path))
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     # A Llama target captures the input of layer id + 1: ids one lower than the HF indices.
@@ -182,6 +184,27 @@ def test_the_export_writes_what_sglang_reads_and_records_its_checks(tmp_path):
         "parity": True,
     }
     assert set(load_file(str(out / "model.safetensors"))) == set(load_file(str(draft / "model.safetensors")))
+    # The model card, as the hub reads one: metadata, the serve command, the trainer's figures.
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nbase_model: ") and "library_name: sglang" in card
+    assert "--speculative-algorithm EAGLE3" in card and "--speculative-num-steps 3" in card
+    assert "position 0: 0.412" in card and "position 2: 0.105" in card
+    assert "1,234 conversations" in card and "norm_before_residual: False" in card
+
+
+def card_inputs(folder: Path) -> dict:
+    """What the export rules hand the model card: the trainer's metrics, tokenize's metadata,
+    the vocabulary's coverage, the train settings, k."""
+    val = {"full_acc_0_epoch": 0.412, "full_acc_1_epoch": 0.2, "full_acc_2_epoch": 0.105}
+    files = {
+        "metrics_path": {"per_epoch": [{"epoch": 0, "val": val}], "train_rows": 1100, "val_rows": 134},
+        "metadata_path": {"samples_out": 1234, "tokens_total": 500000, "tokens_loss_masked": 300000},
+        "coverage_path": {"draft_vocab_size": DRAFT_VOCAB, "target_vocab_size": VOCAB, "coverage": 0.97},
+    }
+    for key, content in files.items():
+        (folder / f"{key}.json").write_text(json.dumps(content))
+    hp = {"epochs": 1, "lr": 1e-3, "optimizer": "adamw", "ttt_steps": 3, "total_seq_len": 512}
+    return {key: folder / f"{key}.json" for key in files} | {"hp": hp, "k": 3}
 
 
 def test_a_kimi_target_keeps_its_ids_and_refuses_a_first_aux_layer_of_one(tmp_path):
@@ -237,7 +260,7 @@ def test_what_sglang_would_load_wrongly_is_refused_naming_the_file(tmp_path, cha
     draft = edit_config(speculators_draft(tmp_path / "draft"), **changes)
     out = tmp_path / "draft_sglang"
     with pytest.raises(EaglenestError, match=message) as err:
-        export_sglang_stage(draft, out, target_dir=target(tmp_path / "target", architecture))
+        export_sglang_stage(draft, out, target=target(tmp_path / "target", architecture))
     assert str(draft / "config.json") in str(err.value)
     assert not out.exists()
 

@@ -16,6 +16,7 @@ import torch
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json
+from eaglenest.evaluation.model_card import model_card
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,11 @@ NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"
 
 
 def export_stage(
-    checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target, max_model_len: int
+    checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target, max_model_len: int, card=None
 ) -> dict:
-    """`target`: the resolved target (eaglenest.target.resolve.Target)."""
+    """`target`: the resolved target (eaglenest.target.resolve.Target); `card`: model_card's
+    inputs (metrics, metadata and coverage paths, the train settings, k) for the folder's
+    README.md."""
     from safetensors.torch import load_file
 
     ckpt = Path(checkpoint_dir)
@@ -68,6 +71,8 @@ def export_stage(
         tmp.chmod(0o755)
         shutil.copy(ckpt / "model.safetensors", tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if card is not None:
+            (tmp / "README.md").write_text(model_card(engine="vllm", target=target, draft_cfg=cfg, **card))
     log.info(
         "exported draft to %s (aux %s, draft vocab %d, context %d)",
         out_dir,

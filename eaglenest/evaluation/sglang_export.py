@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json
 from eaglenest.draft.sglang import DRAFT_ARCHITECTURE, SGLANG_VERSION, captured_layers, sglang_layer_ids
+from eaglenest.evaluation.model_card import model_card
 from eaglenest.evaluation.sglang_contract import load_checkpoint, sglang_parameters
 from eaglenest.evaluation.sglang_reference import ROPE_TYPES, draft_forward
 from eaglenest.target.resolve import read_shape
@@ -208,8 +209,10 @@ def parity(vllm_dir: Path, params: dict, cfg: dict, seed: int = 0) -> dict:
     }
 
 
-def export_sglang_stage(vllm_draft_dir, out_dir, *, target_dir) -> dict:
-    """vllm_draft_dir: export_draft's folder; target_dir: the target's local folder."""
+def export_sglang_stage(vllm_draft_dir, out_dir, *, target, card=None) -> dict:
+    """vllm_draft_dir: export_draft's folder; `target`: the resolved target
+    (eaglenest.target.resolve.Target); `card`: model_card's inputs, for the folder's README.md."""
+    target_dir = target.path
     vllm_dir = Path(vllm_draft_dir)
     source = vllm_dir / "config.json"
     vllm_cfg = read_json(source)
@@ -264,6 +267,10 @@ def export_sglang_stage(vllm_draft_dir, out_dir, *, target_dir) -> dict:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         (tmp / "eaglenest_export.json").write_text(json.dumps(record, indent=2) + "\n")
+        if card is not None:
+            (tmp / "README.md").write_text(
+                model_card(engine="sglang", target=target, draft_cfg=vllm_cfg, **card)
+            )
     log.info(
         "exported the draft for sglang %s to %s (aux ids %s for %s); checks: %s",
         SGLANG_VERSION,
