@@ -20,7 +20,9 @@ import logging
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from safetensors.torch import load_file, save_file
+from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json
@@ -154,13 +156,16 @@ def config_problems(cfg: dict, vllm_cfg: dict) -> list[str]:
 def speculators_step(draft_dir: Path, input_ids, aux_states, positions) -> tuple[torch.Tensor, torch.Tensor]:
     """speculators' own draft (its model class, the vLLM export's weights) on one step: the
     logits and the state it hands the next step, read off its modules with hooks."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-
     config = Eagle3SpeculatorConfig.from_pretrained(str(draft_dir))
     config.transformer_layer_config._attn_implementation = "sdpa"  # flex attention needs a GPU build
-    model = Eagle3DraftModel(config).float().eval()
-    missing, unexpected = model.load_state_dict(load_file(str(draft_dir / "model.safetensors")), strict=False)
-    if unexpected or [k for k in missing if not k.startswith("verifier_")]:
+    # Parameters on the meta device, buffers (rope frequencies) real: no second copy of the
+    # weights, the file's are assigned in float32 (9 GB at Kimi-K2.5's draft shape).
+    with init_empty_weights(include_buffers=False):
+        model = Eagle3DraftModel(config).eval()
+    state = load_file(str(draft_dir / "model.safetensors"))
+    state = {k: state.pop(k).float() if state[k].is_floating_point() else state.pop(k) for k in list(state)}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if unexpected or [k for k in missing if not k.startswith("verifier_")]:  # the trainer's, never saved
         raise EaglenestError(
             f"speculators' draft loads the export with missing {missing} and unexpected {unexpected}",
             draft_dir,

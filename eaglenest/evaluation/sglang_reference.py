@@ -87,7 +87,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, rope: dict) -> torch.Tensor
 def attention(x: torch.Tensor, p: dict, prefix: str, cfg: dict, positions: torch.Tensor) -> torch.Tensor:
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", cfg["hidden_size"] // heads)
-    q, k, v = (x @ p[prefix + "qkv_proj.weight"].T).split([heads * hd, kv * hd, kv * hd], dim=-1)
+    q, k, v = (x @ p[prefix + "qkv_proj.weight"].float().T).split([heads * hd, kv * hd, kv * hd], dim=-1)
     # SGLang's YaRN falls back on the context length for the original one.
     rope = {"original_max_position_embeddings": cfg["max_position_embeddings"], **cfg["rope_parameters"]}
     q = rotate(q.view(-1, heads, hd), positions, rope)
@@ -98,12 +98,12 @@ def attention(x: torch.Tensor, p: dict, prefix: str, cfg: dict, positions: torch
     causal = torch.ones(len(x), len(x), dtype=torch.bool).tril()
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
     out = torch.einsum("hqk,khd->qhd", weights, v).reshape(len(x), heads * hd)
-    return out @ p[prefix + "o_proj.weight"].T
+    return out @ p[prefix + "o_proj.weight"].float().T
 
 
 def mlp(x: torch.Tensor, p: dict, prefix: str) -> torch.Tensor:
-    gate, up = (x @ p[prefix + "gate_up_proj.weight"].T).chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate) * up) @ p[prefix + "down_proj.weight"].T
+    gate, up = (x @ p[prefix + "gate_up_proj.weight"].float().T).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(gate) * up) @ p[prefix + "down_proj.weight"].float().T
 
 
 def draft_forward(
@@ -111,11 +111,13 @@ def draft_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One draft step over a sequence, as SGLang's draft extends it: input_ids [T], aux_states
     [T, aux * target_hidden] (the target's captured states, concatenated), positions [T].
-    Returns (logits over the draft vocabulary [T, draft_vocab], the state for the next step [T, H])."""
+    Returns (logits over the draft vocabulary [T, draft_vocab], the state for the next step [T, H]),
+    in float32 whatever the weights' dtype (each weight is cast where it is used: at Kimi-K2.5's
+    shape a float32 copy of them all would be 9 GB)."""
     eps = cfg["rms_norm_eps"]
     aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    embeds = params["model.embed_tokens.weight"][input_ids]
-    hidden = aux_states
+    embeds = params["model.embed_tokens.weight"][input_ids].float()
+    hidden = aux_states.float()
     if "model.input_norm.weight" in params:
         hidden = rms_norm(hidden, params["model.input_norm.weight"], eps)
     if "model.fc_norm.0.weight" in params:
@@ -123,7 +125,7 @@ def draft_forward(
         hidden = torch.cat(
             [rms_norm(c, params[f"model.fc_norm.{i}.weight"], eps) for i, c in enumerate(chunks)], -1
         )
-    hidden = hidden @ params["model.fc.weight"].T
+    hidden = hidden @ params["model.fc.weight"].float().T
     residual = None
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -146,5 +148,5 @@ def draft_forward(
         )
     out = hidden + residual
     normed = rms_norm(out, params["model.norm.weight"], eps)
-    logits = normed @ params["lm_head.weight"].T
+    logits = normed @ params["lm_head.weight"].float().T
     return logits, normed if cfg.get("norm_output") else out
