@@ -157,3 +157,17 @@ def test_a_run_exported_to_sglang_trains_the_form_sglangs_forward_computes(engin
     assert (
         parsed.get("norm_before_residual", DraftArgs.model_fields["norm_before_residual"].default) is expected
     )
+
+
+def test_the_slurm_profiles_memory_comment_counts_speculators_prefetched_batches():
+    """profiles/slurm sizes train_draft's memory and /dev/shm from speculators' DataLoader
+    prefetch (it once assumed 2 where speculators prefetches 4): the figure the comment uses is
+    the trainer's default."""
+    import re
+
+    from speculators.train.config.schema import DataArgs
+
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    prefetch = int(re.search(r"speculators' (\d+) prefetched batches", text).group(1))
+    assert prefetch == DataArgs.model_fields["prefetch_factor"].default
+    assert f"8 x 4 x {prefetch} x 0.47" in text
