@@ -41,13 +41,13 @@ def validation_accuracy(metrics: dict) -> list[tuple[int, float]]:
 def model_card(
     *, engine: str, target, draft_cfg: dict, metrics_path, metadata_path, coverage_path, hp: dict, k: int
 ) -> str:
-    """`target`: the resolved target (eaglenest.target.resolve.Target); `draft_cfg`: the
-    export's config.json; `hp`: the train settings it was trained with; `k`: the draft tokens
+    """`target`: the resolved target (eaglenest.target.resolve.Target); `draft_cfg`: the vLLM
+    export's config.json (speculators' format: both exports come from it); `hp`: the train settings it was trained with; `k`: the draft tokens
     per target step the run evaluates."""
     metrics, meta, cov = read_json(metrics_path), read_json(metadata_path), read_json(coverage_path)
     base = target.hub_id or target.name
-    layer = draft_cfg.get("transformer_layer_config", draft_cfg)
-    aux = draft_cfg.get("eagle_aux_hidden_state_layer_ids") or draft_cfg["eaglenest"]["aux_layer_ids_hf"]
+    layer = draft_cfg["transformer_layer_config"]
+    aux = draft_cfg["eagle_aux_hidden_state_layer_ids"]
     accuracy = validation_accuracy(metrics)
     lines = [
         "---",

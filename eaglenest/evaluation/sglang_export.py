@@ -230,20 +230,19 @@ def export_sglang_stage(vllm_draft_dir, out_dir, *, target, card=None) -> dict:
 
     params, hot_token_id, skipped = load_checkpoint(tensors, cfg)
     missing = sorted(set(sglang_parameters(cfg)) - set(params))
-    keys = {
-        "ok": not missing and not skipped,
-        "missing": missing,
-        "skipped": skipped,
-        "parameters": len(params),
-    }
     # SGLang maps draft ids to target ids from d2t alone: they must be the ids t2d selects.
     d2t_ok = hot_token_id is not None and torch.equal(
         hot_token_id.sort().values, torch.nonzero(tensors["t2d"].bool()).flatten()
     )
-    keys["d2t_selects_t2d"] = d2t_ok
-    keys["ok"] = keys["ok"] and d2t_ok
-    checks = {"keys": keys, "config": {"problems": config_problems(cfg, vllm_cfg)}}
-    checks["config"]["ok"] = not checks["config"]["problems"]
+    keys = {
+        "ok": not missing and not skipped and d2t_ok,
+        "missing": missing,
+        "skipped": skipped,
+        "parameters": len(params),
+        "d2t_selects_t2d": d2t_ok,
+    }
+    problems = config_problems(cfg, vllm_cfg)
+    checks = {"keys": keys, "config": {"problems": problems, "ok": not problems}}
     # The forward runs on what the loader filled: with a key check failed it would prove nothing.
     checks["parity"] = (
         parity(vllm_dir, params, cfg) if keys["ok"] else {"ok": None, "why": "not run: the keys check failed"}
