@@ -90,6 +90,21 @@ def default_config() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 
+def trainer_inputs() -> dict:
+    """trainer_args' paths and shape for a run that is never started (the flags alone)."""
+    return dict(
+        target="/models/k",
+        data_dir="d",
+        save_path="s",
+        draft_config="c.json",
+        d2t_npy="d2t.npy",
+        t2d_npy="t2d.npy",
+        draft_vocab_size=32,
+        aux_layer_ids=[2, 4, 5],
+        log_dir="l",
+    )
+
+
 def write_config(workdir: Path, cfg: dict, name: str = "config.yaml") -> Path:
     path = workdir / name
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import trainer_inputs
 
 from eaglenest.training.train import EpochMetricsFile, collect_metrics, plot_curves
 
@@ -62,14 +63,7 @@ def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
     from eaglenest.training.train import trainer_args, trainer_command
 
     args = trainer_args(
-        target="/models/k",
-        data_dir="d",
-        save_path="s",
-        draft_config="c.json",
-        d2t_npy="d2t.npy",
-        t2d_npy="t2d.npy",
-        draft_vocab_size=32,
-        aux_layer_ids=[2, 4, 5],
+        **trainer_inputs(),
         hp={
             "epochs": 1,
             "lr": 1e-3,
@@ -82,7 +76,6 @@ def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
             "seed": 0,
         },
         cpu=False,
-        log_dir="l",
         trust_remote_code=True,
     )
     cmd = trainer_command(args, gpus=8)
@@ -148,11 +141,7 @@ def test_a_run_exported_to_sglang_trains_the_form_sglangs_forward_computes(engin
 
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config["export"] = {"engines": engines}
-    args = trainer_args(
-        target="/models/k", data_dir="d", save_path="s", draft_config="c.json", d2t_npy="d2t.npy",
-        t2d_npy="t2d.npy", draft_vocab_size=32, aux_layer_ids=[2, 4, 5], hp=train_settings(config),
-        cpu=True, log_dir="l",
-    )  # fmt: skip
+    args = trainer_args(**trainer_inputs(), hp=train_settings(config), cpu=True)
     parsed = vars(build_parser().parse_args(args))  # a flag left out is absent: the schema's default
     assert (
         parsed.get("norm_before_residual", DraftArgs.model_fields["norm_before_residual"].default) is expected
