@@ -9,6 +9,7 @@ from snakemake.io import is_flagged
 from snakemake.utils import validate
 
 from eaglenest.data.benchmarks import benchmark_file, check_benchmarks
+from eaglenest.draft.algorithms import check_draft_plan, is_parallel
 from eaglenest.draft.config import check_sglang_target
 from eaglenest.core.errors import EaglenestError
 from eaglenest.planning.run_estimate import data_loaders, split_gpus
@@ -94,6 +95,12 @@ if SGLANG_EXPORT and not (BUILD_TINY or GGUF or TARGET_ON_HUB):
         check_sglang_target(TARGET, config["hidden_states"]["aux_layer_ids"])
     except EaglenestError as e:
         raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: export.engines: {e}")
+# The drafters the run trains (its own and its sweep's), refused here when they cannot be
+# evaluated or exported as configured (eaglenest.draft.algorithms).
+try:
+    check_draft_plan(config, [config["draft"]["algorithm"], *[v.settings["algorithm"] for v in VARIANTS]])
+except EaglenestError as e:
+    raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
 if HS_MODE != "offline" and config["vllm"]["device"] != "cpu":
     try:
         SERVER_GPUS, _ = split_gpus(GPUS, config["hidden_states"]["server_gpus"])
@@ -209,6 +216,15 @@ def release_server():
 def variant_setting(key):
     """A params function: the variant's value of a sweepable setting."""
     return lambda wildcards: OWN_VARIANTS[wildcards.variant].settings[key]
+
+
+def mask_token_counts(wildcards):
+    """tokenize's token counts for a parallel draft (the run's or a variant's), whose mask token
+    must be one the target never writes (eaglenest.draft.mask_token); none for EAGLE-3, whose
+    draft config is so written, and its SGLang layers checked, before extraction."""
+    variant = getattr(wildcards, "variant", None)
+    algorithm = OWN_VARIANTS[variant].settings["algorithm"] if variant else config["draft"]["algorithm"]
+    return [rules.tokenize.output.freq] if is_parallel(algorithm) else []
 
 
 def variant_hp(wildcards):

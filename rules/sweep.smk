@@ -35,6 +35,7 @@ use rule draft_config as draft_config_variant with:
     params:
         draft_vocab_size=variant_setting("draft_vocab_size"),
         draft_layers=variant_setting("draft_layers"),
+        algorithm=variant_setting("algorithm"),
 
 
 use rule train_draft as train_draft_variant with:

@@ -29,6 +29,7 @@ rule build_vocab_mapping:
 rule draft_config:
     input:
         target=rules.resolve_target.output.record,
+        token_freq=mask_token_counts,
     output:
         config=f"{RUN}/draft_config.json",
     log:
@@ -41,6 +42,8 @@ rule draft_config:
         draft_layers=config["train"]["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
         sglang_export=SGLANG_EXPORT,
+        algorithm=config["draft"]["algorithm"],
+        mask_token_id=config["draft"]["mask_token_id"],
         code=code_hash("draft_config"),
     script:
         "../scripts/draft_config.py"

@@ -16,5 +16,6 @@ run_logged(
     draft_config_path=sm.input.draft_config,
     target=load_target(sm.input.target),
     max_model_len=sm.params.max_model_len,
+    hp=sm.params.hp,
     card=model_card_inputs(sm),
 )

@@ -567,6 +567,7 @@ def run_export(tmp_path: Path, ckpt: Path, f: dict) -> str:
             draft_config_path=f["draft_config"],
             target="org/target",
             max_model_len=512,
+            hp={},
         )
     assert_absent(out)
     return str(e.value)

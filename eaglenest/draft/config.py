@@ -10,19 +10,24 @@ from __future__ import annotations
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import write_json
+from eaglenest.draft.algorithms import draft_algorithm, is_parallel
+from eaglenest.draft.mask_token import resolve_mask_token_id
 from eaglenest.draft.sglang import sglang_layer_ids
-from eaglenest.target.resolve import read_config, read_shape, text_config
+from eaglenest.target.resolve import load_tokenizer, read_config, read_shape, text_config
 
 
 def draft_parameter_count(cfg: dict) -> int:
     """Parameters of speculators' EAGLE-3 draft for a draft config (draft_config.json): the
     target-vocabulary embedding, the fc layer that folds the three aux layers into one, the
     decoder layers (the first reads embedding and hidden state side by side, 2 x hidden), the
-    final norm and the draft-vocabulary head."""
+    final norm and the draft-vocabulary head; a parallel draft (P-EAGLE) adds the learned state
+    its masked slots read in place of the target's three layers."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
     vocab, draft_vocab = cfg["eaglenest"]["target_vocab_size"], cfg["eaglenest"]["draft_vocab_size"]
     total = vocab * h + 3 * h * h + h + draft_vocab * h
+    if is_parallel(draft_algorithm(cfg)):
+        total += 3 * h
     for layer in range(layers):
         width = 2 * h if layer == 0 else h
         total += width * (q + 2 * kv) + q * h + 3 * h * inter + width + h
@@ -101,9 +106,16 @@ def draft_config_stage(
     draft_layers: int = 1,
     max_position_embeddings: int | None = None,
     sglang_export: bool = False,
+    algorithm: str = "eagle3",
+    mask_token_id: int | None = None,
+    token_freq=None,
+    trust_remote_code: bool = False,
 ) -> dict:
     """`sglang_export`: the draft is exported to SGLang too (export.engines), so its aux layers
-    must be ones SGLang's target can capture (checked here, before extraction)."""
+    must be ones SGLang's target can capture (checked here, before extraction). `algorithm`
+    (draft.algorithm): a parallel drafter (p_eagle) also gets its mask token, resolved from
+    `mask_token_id` (the config's, or None), the target's tokenizer and the trained tokens'
+    counts (`token_freq`, tokenize's)."""
     if sglang_export:
         check_sglang_target(target_dir, aux_layer_ids)
     shape = read_shape(target_dir)
@@ -163,5 +175,18 @@ def draft_config_stage(
             "derived": derived,
         },
     }
+    if algorithm != "eagle3":  # an EAGLE-3 draft's file stays what it was: no retraining
+        cfg["eaglenest"]["algorithm"] = algorithm
+    if is_parallel(algorithm):
+        # Imported here: data.vocab loads torch, and rules/common.smk imports this module to plan.
+        from eaglenest.data.vocab import load_token_counts
+
+        cfg["eaglenest"]["mask_token"] = resolve_mask_token_id(
+            mask_token_id,
+            load_tokenizer(target_dir, trust_remote_code),
+            load_token_counts(token_freq, vocab),
+            draft_vocab_size,
+            source=token_freq,
+        )
     write_json(out_path, cfg)
     return cfg

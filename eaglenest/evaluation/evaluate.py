@@ -26,6 +26,7 @@ from pathlib import Path
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, iter_jsonl, read_json, read_jsonl, write_json, write_jsonl
 from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
+from eaglenest.draft.algorithms import folder_algorithm, is_parallel, vllm_speculative_config
 from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, serving
 from eaglenest.target.resolve import load_tokenizer
 
@@ -60,12 +61,9 @@ def method_spec(
             ),
         ]
     elif method in ("draft", "untrained_draft"):
-        args += [
-            "--speculative-config",
-            json.dumps(
-                {"method": "eagle3", "model": str(Path(draft_dir).resolve()), "num_speculative_tokens": k}
-            ),
-        ]
+        # The served folder's own type decides how vLLM drafts with it (P-EAGLE: in parallel).
+        spec = vllm_speculative_config(folder_algorithm(draft_dir), str(Path(draft_dir).resolve()), k)
+        args += ["--speculative-config", json.dumps(spec)]
     elif method != "no_spec":
         raise ValueError(f"unknown method {method}")
     if method != "no_spec":  # vLLM refuses the flag without speculation
@@ -264,9 +262,11 @@ def lossless_meaning(tp: int, noise_floor: float | None) -> str:
     )
 
 
-def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
-    """The floor: the trained checkpoint's config, vocabulary mapping and (frozen, target-owned)
-    embeddings with fresh trainable weights."""
+def make_untrained_draft(trained_dir, out_dir, target_dir, seed: int = 0) -> Path:
+    """The floor: the trained checkpoint's config, vocabulary mapping and the target's own
+    embeddings with fresh trainable weights. EAGLE-3 keeps the target's embeddings frozen, so
+    the checkpoint's are the target's; P-EAGLE trains them, so they are read back from the
+    target (`target_dir`) with speculators' own loader, the one its training starts from."""
     import shutil
 
     # torch here only: the workflow imports this module for METHODS when it plans, and torch
@@ -288,6 +288,11 @@ def make_untrained_draft(trained_dir, out_dir, seed: int = 0) -> Path:
                 fresh[name] = torch.ones_like(w)
             else:
                 fresh[name] = (torch.randn(w.shape, generator=gen) * 0.02).to(w.dtype)
+        if is_parallel(folder_algorithm(trained_dir)):
+            from speculators.utils.loading import load_model_layers
+
+            embed = load_model_layers(["embed_tokens.weight"], str(target_dir))["embed_tokens.weight"]
+            fresh["embed_tokens.weight"] = embed.to(weights["embed_tokens.weight"].dtype)
         save_file(fresh, str(tmp / "model.safetensors"))
     return Path(out_dir)
 
@@ -387,7 +392,7 @@ def evaluate_stage(
     drafts = {"draft": draft_dir}
     if "untrained_draft" in methods:
         drafts["untrained_draft"] = make_untrained_draft(
-            draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft"
+            draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft", target.path
         )
     gen = {
         "max_tokens": max_tokens,

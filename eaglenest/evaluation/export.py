@@ -1,6 +1,6 @@
 """Export the trained draft as a folder vLLM serves directly, after checking its contracts.
 
-The trainer's checkpoint already is speculators' EAGLE-3 format; export makes every field vLLM
+The trainer's checkpoint already is speculators' format (EAGLE-3 or P-EAGLE); export makes every field vLLM
 reads explicit (aux layers, draft vocabulary size, norm flags, context length, verifier) and
 refuses a checkpoint whose vocabulary mapping or layers disagree with the earlier stages.
 """
@@ -16,6 +16,7 @@ import torch
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json
+from eaglenest.draft.algorithms import SPECULATOR_TYPES, draft_algorithm
 from eaglenest.evaluation.model_card import model_card
 
 log = logging.getLogger(__name__)
@@ -23,17 +24,56 @@ log = logging.getLogger(__name__)
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
+def check_algorithm(cfg: dict, weights: dict, draft_config: dict, hp: dict, source) -> None:
+    """The checkpoint is the drafter the draft config asked for: speculators' type and, for
+    P-EAGLE, the mask token the run resolved, the trained embeddings and the learned masked-slot
+    state it serves with, and the depth it was trained to (`hp`: the train settings)."""
+    algorithm = draft_algorithm(draft_config)
+    problems = []
+    if cfg.get("speculators_model_type") != SPECULATOR_TYPES[algorithm]:
+        problems.append(
+            f"speculators_model_type {cfg.get('speculators_model_type')!r}, not {SPECULATOR_TYPES[algorithm]!r} "
+            f"(draft.algorithm {algorithm})"
+        )
+    if algorithm == "p_eagle":
+        mask = draft_config["eaglenest"]["mask_token"]["id"]
+        if cfg.get("mask_token_id") != mask:
+            problems.append(f"mask_token_id {cfg.get('mask_token_id')}, not the run's {mask}")
+        problems += [
+            f"no {name} tensor" for name in ("embed_tokens.weight", "mask_hidden") if name not in weights
+        ]
+        depth = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        if depth != hp["p_eagle"]["num_depths"]:
+            problems.append(
+                f"speculative_tokens {depth}, not draft.p_eagle.num_depths {hp['p_eagle']['num_depths']}"
+            )
+    if problems:
+        raise EaglenestError(
+            f"the checkpoint is not the {algorithm} draft trained for: " + "; ".join(problems), source
+        )
+
+
 def export_stage(
-    checkpoint_dir, out_dir, *, t2d_pt, d2t_pt, draft_config_path, target, max_model_len: int, card=None
+    checkpoint_dir,
+    out_dir,
+    *,
+    t2d_pt,
+    d2t_pt,
+    draft_config_path,
+    target,
+    max_model_len: int,
+    hp: dict,
+    card=None,
 ) -> dict:
-    """`target`: the resolved target (eaglenest.target.resolve.Target); `card`: model_card's
-    inputs (metrics, metadata and coverage paths, the train settings, k) for the folder's
-    README.md."""
+    """`target`: the resolved target (eaglenest.target.resolve.Target); `hp`: the train settings
+    (training.sweep.train_settings); `card`: model_card's inputs (metrics, metadata and
+    coverage paths, the train settings, k) for the folder's README.md."""
     from safetensors.torch import load_file
 
     ckpt = Path(checkpoint_dir)
     cfg = read_json(ckpt / "config.json")
-    dcfg = read_json(draft_config_path)["eaglenest"]
+    draft_config = read_json(draft_config_path)
+    dcfg = draft_config["eaglenest"]
     weights = load_file(str(ckpt / "model.safetensors"))
     t2d = torch.load(t2d_pt, weights_only=True)
     d2t = torch.load(d2t_pt, weights_only=True)
@@ -52,6 +92,7 @@ def export_stage(
         )
     if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg["draft_vocab_size"]:
         mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"), draft_config_path)
+    check_algorithm(cfg, weights, draft_config, hp, ckpt / "config.json")
     if not torch.equal(weights["t2d"].bool(), t2d.bool()):
         raise EaglenestError(f"t2d in the checkpoint differs from {t2d_pt}", ckpt)
     if not torch.equal(weights["d2t"].long(), d2t.long()):

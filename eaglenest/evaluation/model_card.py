@@ -13,13 +13,19 @@ from __future__ import annotations
 import json
 
 from eaglenest.core.io import read_json
+from eaglenest.draft.algorithms import (
+    ALGORITHM_OF_TYPE,
+    DISPLAY_NAMES,
+    position_accuracies,
+    vllm_speculative_config,
+)
 
 ENGINE_LIBRARY = {"vllm": "vllm", "sglang": "sglang"}
 
 
-def serve_command(engine: str, target: str, folder: str, k: int) -> str:
+def serve_command(engine: str, target: str, folder: str, k: int, algorithm: str = "eagle3") -> str:
     if engine == "vllm":
-        spec = json.dumps({"method": "eagle3", "model": folder, "num_speculative_tokens": k})
+        spec = json.dumps(vllm_speculative_config(algorithm, folder, k))
         return f"vllm serve {target} --speculative-config '{spec}'"
     return (
         f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
@@ -31,10 +37,9 @@ def serve_command(engine: str, target: str, folder: str, k: int) -> str:
 def validation_accuracy(metrics: dict) -> list[tuple[int, float]]:
     """(draft position, accuracy) at the last epoch that validated, from train_metrics.json."""
     for epoch in reversed(metrics.get("per_epoch") or []):
-        val = epoch.get("val") or {}
-        found = sorted((int(k.split("_")[2]), v) for k, v in val.items() if k.startswith("full_acc_"))
+        found = position_accuracies(epoch.get("val") or {})
         if found:
-            return found
+            return list(found.items())
     return []
 
 
@@ -49,22 +54,24 @@ def model_card(
     layer = draft_cfg["transformer_layer_config"]
     aux = draft_cfg["eagle_aux_hidden_state_layer_ids"]
     accuracy = validation_accuracy(metrics)
+    algorithm = ALGORITHM_OF_TYPE[draft_cfg["speculators_model_type"]]  # the export's own config
+    name = DISPLAY_NAMES[algorithm]
     lines = [
         "---",
         f"base_model: {base}",
         f"library_name: {ENGINE_LIBRARY[engine]}",
-        "tags: [speculative-decoding, eagle3, eaglenest]",
+        f"tags: [speculative-decoding, {draft_cfg['speculators_model_type']}, eaglenest]",
         "---",
         "",
-        f"# EAGLE-3 draft for {base}",
+        f"# {name} draft for {base}",
         "",
         f"A draft head for speculative decoding with {engine}, trained by eaglenest with speculators' "
-        "EAGLE-3 trainer on the target's own regenerated answers.",
+        f"{name} trainer on the target's own regenerated answers.",
         "",
         "## Serve",
         "",
         "```bash",
-        serve_command(engine, base, "<this folder>", k),
+        serve_command(engine, base, "<this folder>", k, algorithm),
         "```",
         "",
         "## Target and draft",

@@ -24,7 +24,8 @@ def validation_estimate(metrics: dict, k: int) -> dict:
     estimate, and then neither has the total. speculators scores the draft against the target's
     best token within the draft vocabulary (its verifier head keeps the t2d rows only), so a
     token outside it never counts as a miss: the smaller the vocabulary's coverage, the more
-    the estimate exceeds what vLLM measures."""
+    the estimate exceeds what vLLM measures. A P-EAGLE draft records no conditional accuracy
+    (each depth of its one pass is scored on its own), so it has no estimate."""
     epochs = metrics.get("per_epoch") or []
     val = epochs[-1].get("val", {}) if epochs else {}
     per_position: list[float] = []
@@ -125,7 +126,7 @@ def _lines(rows: list[dict], key: str, keys: list[str]) -> list[tuple[str, list[
     for fixed, members in groups.items():
         if len({m[key] for m in members}) >= 2:
             label = ", ".join(
-                f"{SETTINGS[o][0]} {format_setting(v)}" for o, v in zip(others, fixed, strict=True)
+                f"{SETTINGS[o][0]} {format_setting(v)}".strip() for o, v in zip(others, fixed, strict=True)
             )
             out.append((label or "all", sorted(members, key=lambda m: m[key])))
     return out

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.draft.algorithms import algorithm_settings
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ SETTINGS = {
     "draft_layers": ("layers", ("train", "draft_layers")),
     "epochs": ("epochs", ("train", "epochs")),
     "lr": ("lr", ("train", "lr")),
+    "algorithm": ("", ("draft", "algorithm")),  # its values name themselves: frac0.5-p_eagle
 }
 COMBINE = ("grid", "one_at_a_time")
 # Settings whose values span orders of magnitude are drawn on a log axis.
@@ -97,20 +99,25 @@ def plan_variants(config: dict) -> list[Variant]:
     return variants
 
 
-def train_settings(config: dict) -> dict:
+def train_settings(config: dict, algorithm: str | None = None) -> dict:
     """The `train` params of the run: the config's section, and the draft's form for the engines
     it is exported for (SGLang's forward keeps the unnormalised state as the first layer's
     residual, so a draft exported to it trains with norm_before_residual false; only then is the
-    key added, so a vLLM-only run's training spec stays what it was)."""
+    key added, so a vLLM-only run's training spec stays what it was). `algorithm` (the run's
+    draft.algorithm when None): a drafter other than eagle3 adds its own settings, under its
+    name, so an EAGLE-3 spec stays what it was too."""
     hp = dict(config["train"])
     if "sglang" in config["export"]["engines"]:
         hp["norm_before_residual"] = False
+    algorithm = algorithm or config["draft"]["algorithm"]
+    if algorithm != "eagle3":
+        hp[algorithm] = algorithm_settings(config, algorithm)
     return hp
 
 
 def train_hp(config: dict, settings: dict) -> dict:
     """The `train` params of a variant: the run's own, with the variant's settings."""
-    hp = train_settings(config)
+    hp = train_settings(config, settings["algorithm"])
     for key in ("ttt_steps", "draft_layers", "epochs", "lr"):
         hp[key] = settings[key]
     hp["data_fraction"] = settings["data_fraction"]

@@ -38,6 +38,7 @@ from eaglenest.core.io import (
     reports_disk_full,
     write_json,
 )
+from eaglenest.draft.algorithms import draft_algorithm, position_accuracies, trainer_flags
 from eaglenest.draft.config import draft_parameter_count
 from eaglenest.engine.server import Lease, ServerSpec, log_tail, serving
 from eaglenest.hidden_states.extract import FP8, extraction_server_spec, spool_dir
@@ -152,20 +153,19 @@ def trainer_args(
     trust_remote_code: bool = False,
     vllm_endpoint: str | None = None,
     fp8: bool = False,
+    algorithm: str = "eagle3",
+    mask_token_id: int | None = None,
 ) -> list[str]:
-    """speculators' `train` flags for one EAGLE-3 run (hp: the config's `train` section;
-    `target`: the resolved target folder, a hub snapshot for a hub id). With `vllm_endpoint`,
-    samples without a stored file are extracted from that server (online, hybrid); without,
-    a missing one is an error. `fp8`: the stored and served files are hs_connectors' fp8."""
+    """speculators' `train` flags for one run (hp: the config's `train` section, with the
+    algorithm's own settings under its name: training.sweep.train_settings; `target`: the
+    resolved target folder, a hub snapshot for a hub id; `algorithm` and `mask_token_id`: the
+    draft config's). With `vllm_endpoint`, samples without a stored file are extracted from
+    that server (online, hybrid); without, a missing one is an error. `fp8`: the stored and
+    served files are hs_connectors' fp8."""
     args = [
-        "--speculator-type",
-        "eagle3",
+        *trainer_flags(algorithm, hp.get(algorithm, {}), mask_token_id),
         "--verifier-name-or-path",
         str(Path(target).resolve()),
-        # EAGLE-3 never uses a mask token; naming one keeps speculators from building the
-        # target's processor (image processor, remote-code tokenizer) just to pick one.
-        "--mask-token-id",
-        "0",
         "--data-path",
         str(data_dir),
         "--save-path",
@@ -375,17 +375,18 @@ def plot_curves(metrics: list[dict], out_png) -> None:
         ax_loss.plot(epochs, [m[split].get("loss_epoch") for m in metrics], style, marker="o", label=split)
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
     ax_loss.legend()
-    positions = sorted({int(k.split("_")[2]) for m in metrics for k in m["val"] if k.startswith("full_acc_")})
-    for p in positions:
+    val = [position_accuracies(m["val"]) for m in metrics]
+    train = [position_accuracies(m["train"]) for m in metrics]
+    for p in sorted({p for v in val for p in v}):
         (line,) = ax_acc.plot(
             epochs,
-            [m["val"].get(f"full_acc_{p}_epoch") for m in metrics],
+            [v.get(p) for v in val],
             marker="o",
             label=f"position {p} (val)",
         )
         ax_acc.plot(
             epochs,
-            [m["train"].get(f"full_acc_{p}_epoch") for m in metrics],
+            [t.get(p) for t in train],
             "--",
             color=line.get_color(),
             label=f"position {p} (train)",
@@ -488,6 +489,8 @@ def train_stage(
         log_dir=work / "logs",
         trust_remote_code=target.trust_remote_code,
         fp8=hs_dtype == FP8,
+        algorithm=draft_algorithm(dcfg),
+        mask_token_id=dcfg["eaglenest"].get("mask_token", {}).get("id"),
     )
     metrics_file = work / "epoch_metrics.jsonl"
     ckpt_bytes = checkpoint_bytes(save_path, dcfg)
