@@ -224,7 +224,8 @@ def mask_token_counts(wildcards):
     draft config is so written, and its SGLang layers checked, before extraction."""
     variant = getattr(wildcards, "variant", None)
     algorithm = OWN_VARIANTS[variant].settings["algorithm"] if variant else config["draft"]["algorithm"]
-    return [rules.tokenize.output.freq] if is_parallel(algorithm) else []
+    # One path or nothing: the script reads input.token_freq as a path, or as empty.
+    return rules.tokenize.output.freq if is_parallel(algorithm) else []
 
 
 def variant_hp(wildcards):
