@@ -194,9 +194,9 @@ def test_planning_refuses_more_tokens_than_depths_and_an_sglang_export_of_p_eagl
     assert "evaluate.num_speculative_tokens 3 exceeds draft.p_eagle.num_depths 2" in proc.stdout + proc.stderr
     sglang = copy.deepcopy(with_draft("eagle3"))
     sglang["export"]["engines"] = ["vllm", "sglang"]
-    check_draft_plan(sglang, ["eagle3"])
+    check_draft_plan(sglang, ["eagle3", "p_eagle"])  # a sweep's variants are not exported to SGLang
     with pytest.raises(EaglenestError, match="sglang, which has no export for a p_eagle draft"):
-        check_draft_plan(sglang, ["eagle3", "p_eagle"])
+        check_draft_plan(sglang, ["p_eagle", "eagle3"])
 
 
 def write_p_eagle_checkpoint(tmp_path, *, mask_token_id=7, depth=4, mask_hidden=True):
@@ -233,3 +233,41 @@ def test_export_refuses_a_p_eagle_checkpoint_unlike_the_draft_config(tmp_path, c
     assert str(e.value) == f"ckpt/config.json: the checkpoint is not the p_eagle draft trained for: {problem}"
     with pytest.raises(EaglenestError, match="speculators_model_type 'peagle', not 'eagle3'"):
         check_algorithm(cfg, weights, {"eaglenest": {}}, {}, "ckpt/config.json")
+
+
+@pytest.mark.engine
+def test_a_p_eagle_variant_trains_exports_and_is_served_in_parallel_on_the_default_runs_data(default_run):
+    """The minute-scale P-EAGLE smoke run: a sweep variant on the default run's hidden states
+    (one epoch on a quarter of the rows), through training, export and vLLM's evaluation."""
+    import pandas as pd
+    from conftest import planned_jobs
+
+    workdir, run_dir = default_run["workdir"], default_run["run_dir"]
+    cfg = copy.deepcopy(default_run["config"])
+    cfg["sweep"] = {"algorithm": ["p_eagle"], "data_fraction": [0.25], "epochs": [1]}
+    configfile = write_config(workdir, cfg, "p_eagle.yaml")
+    shards = sorted((run_dir / "hidden_states").glob("shard_*/manifest.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in shards}
+
+    proc = snakemake(workdir, configfile, "--cores", "2")
+    assert "extract_hidden_states" not in planned_jobs(proc) and "train_draft" not in planned_jobs(proc)
+    assert {p: p.stat().st_mtime_ns for p in shards} == stamps
+    variant = run_dir / "variants" / "frac0.25-epochs1-p_eagle"
+    mask = json.loads((variant / "draft_config.json").read_text())["eaglenest"]["mask_token"]
+    exported = json.loads((variant / "draft" / "config.json").read_text())
+    assert exported["speculators_model_type"] == "peagle" and exported["mask_token_id"] == mask["id"]
+    depths = cfg["draft"]["p_eagle"]["num_depths"]
+    assert exported["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
+    acc = json.loads((variant / "eval" / "acceptance.json").read_text())["draft"]
+    assert acc["lossless"] is True and acc["num_drafts"] > 0
+    # The server evaluation started for it asked vLLM for parallel drafting, and vLLM took it.
+    (log,) = [
+        f
+        for f in (run_dir / ".eaglenest" / "server").glob("server-*.log")
+        if f"{variant}/draft" in f.read_text(errors="replace")
+    ]
+    assert "'parallel_drafting': True" in log.read_text(errors="replace")
+    table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
+    assert list(table["algorithm"]) == ["eagle3", "p_eagle"]
+    # speculators' P-EAGLE records no conditional accuracy: no trainer's estimate for it.
+    assert table["val_estimate_tokens_per_draft"].isna().tolist() == [False, True]

@@ -78,8 +78,10 @@ def vllm_speculative_config(algorithm: str, draft_dir: str, k: int) -> dict:
 
 def check_draft_plan(config: dict, algorithms) -> None:
     """Refusals at planning, before any stage runs, for the `algorithms` a run trains (its
-    own and its sweep's)."""
+    own first, then its sweep's). Only the run's own draft is exported to SGLang (a sweep's
+    variants are served by vLLM alone), so only its algorithm must have an SGLang export."""
     k = config["evaluate"]["num_speculative_tokens"]
+    own, *_ = algorithms
     for algorithm in dict.fromkeys(algorithms):
         if algorithm == "p_eagle":
             depths = config["draft"]["p_eagle"]["num_depths"]
@@ -88,11 +90,11 @@ def check_draft_plan(config: dict, algorithms) -> None:
                     f"evaluate.num_speculative_tokens {k} exceeds draft.p_eagle.num_depths {depths}: "
                     "a P-EAGLE draft proposes at most the depths it was trained on"
                 )
-        if algorithm not in SGLANG_EXPORTABLE and "sglang" in config["export"]["engines"]:
-            raise EaglenestError(
-                f"export.engines names sglang, which has no export for a {algorithm} draft "
-                f"(only {', '.join(SGLANG_EXPORTABLE)}): drop sglang or train eagle3"
-            )
+    if own not in SGLANG_EXPORTABLE and "sglang" in config["export"]["engines"]:
+        raise EaglenestError(
+            f"export.engines names sglang, which has no export for a {own} draft "
+            f"(only {', '.join(SGLANG_EXPORTABLE)}): drop sglang or train eagle3"
+        )
 
 
 # speculators' validation accuracy per draft position, one name per trainer: eagle3's
