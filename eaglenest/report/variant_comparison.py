@@ -145,9 +145,12 @@ def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out
     fig, axes = plt.subplots(2, cols, figsize=(4.5 * cols, 7), squeeze=False)
     for c, key in enumerate(keys):
         ax_acc, ax_tps = axes[0][c], axes[1][c]
+        values = sorted({r[key] for r in rows})
+        # A setting named by words (algorithm) is drawn at evenly spaced places.
+        at = {v: v if isinstance(v, int | float) else i for i, v in enumerate(values)}
         lines = _lines(rows, key, keys)
         for label, members in lines:
-            xs = [m[key] for m in members]
+            xs = [at[m[key]] for m in members]
             (line,) = ax_acc.plot(
                 xs, [m["tokens_per_step"] for m in members], "o-", label=f"served ({label})"
             )
@@ -170,12 +173,11 @@ def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out
         for ax in (ax_acc, ax_tps):
             if key in LOG_AXES:
                 ax.set_xscale("log", base=2)
-            xs = sorted({r[key] for r in rows})
-            labels = [format_setting(x) for x in xs]
+            labels = [format_setting(x) for x in values]
             if key == "draft_vocab_size":  # coverage: the share of training tokens it holds
                 coverage = {r[key]: r["vocab_coverage"] for r in rows}
-                labels = [f"{x}\ncoverage {coverage[x]:.2f}" for x in xs]
-            ax.set_xticks(xs, labels)
+                labels = [f"{x}\ncoverage {coverage[x]:.2f}" for x in values]
+            ax.set_xticks([at[x] for x in values], labels)
             ax.minorticks_off()
         ax_acc.set(title=f"Acceptance vs {key}", ylabel="tokens per target step", xlabel=key)
         ax_tps.set(title=f"Throughput vs {key}", ylabel="output tokens/s", xlabel=key)
