@@ -339,6 +339,7 @@ def main(argv=None) -> int:
             draft_config_path=work / "vocab" / "draft_config.json",
             target=target,
             max_model_len=shape["total_seq_len"],
+            hp=hp,
         )
         print(f"export: {time.monotonic() - t:.1f} s")
         config = json.loads((work / "export" / "config.json").read_text())
