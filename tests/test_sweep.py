@@ -328,3 +328,40 @@ def test_two_variant_sweep_reuses_the_default_runs_upstream(default_run):
     report = workdir / "sweep_report.html"
     snakemake(workdir, configfile, "--report", str(report))
     assert "comparison.csv" in report.read_text(errors="replace")
+
+
+@pytest.mark.engine
+def test_a_p_eagle_variant_trains_exports_and_is_served_in_parallel_on_the_default_runs_data(default_run):
+    """The minute-scale P-EAGLE smoke run (README, "Drafters"): a sweep variant on the default run's hidden states
+    (one epoch on a quarter of the rows), through training, export and vLLM's evaluation. Here,
+    not in test_drafters.py: it adds a server start to the shared run, so it runs after
+    test_pipeline.py has counted them."""
+    workdir, run_dir = default_run["workdir"], default_run["run_dir"]
+    cfg = copy.deepcopy(default_run["config"])
+    cfg["sweep"] = {"algorithm": ["p_eagle"], "data_fraction": [0.25], "epochs": [1]}
+    configfile = write_config(workdir, cfg, "p_eagle.yaml")
+    shards = sorted((run_dir / "hidden_states").glob("shard_*/manifest.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in shards}
+
+    proc = snakemake(workdir, configfile, "--cores", "2")
+    assert "extract_hidden_states" not in planned_jobs(proc) and "train_draft" not in planned_jobs(proc)
+    assert {p: p.stat().st_mtime_ns for p in shards} == stamps
+    variant = run_dir / "variants" / "frac0.25-epochs1-p_eagle"
+    mask = json.loads((variant / "draft_config.json").read_text())["eaglenest"]["mask_token"]
+    exported = json.loads((variant / "draft" / "config.json").read_text())
+    assert exported["speculators_model_type"] == "peagle" and exported["mask_token_id"] == mask["id"]
+    depths = cfg["draft"]["p_eagle"]["num_depths"]
+    assert exported["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
+    acc = json.loads((variant / "eval" / "acceptance.json").read_text())["draft"]
+    assert acc["lossless"] is True and acc["num_drafts"] > 0
+    # The server evaluation started for it asked vLLM for parallel drafting, and vLLM took it.
+    (log,) = [
+        f
+        for f in (run_dir / ".eaglenest" / "server").glob("server-*.log")
+        if f"{variant}/draft" in f.read_text(errors="replace")
+    ]
+    assert "'parallel_drafting': True" in log.read_text(errors="replace")
+    table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
+    assert list(table["algorithm"]) == ["eagle3", "p_eagle"]
+    # speculators' P-EAGLE records no conditional accuracy: no trainer's estimate for it.
+    assert table["val_estimate_tokens_per_draft"].isna().tolist() == [False, True]
