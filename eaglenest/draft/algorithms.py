@@ -25,8 +25,6 @@ SPECULATOR_TYPES = {"eagle3": "eagle3", "p_eagle": "peagle"}
 ALGORITHM_OF_TYPE = {v: k for k, v in SPECULATOR_TYPES.items()}
 # How reports and model cards name each.
 DISPLAY_NAMES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE"}
-# The draft config section each algorithm's own settings live in (schema: draft.<name>).
-SETTINGS_SECTION = {"p_eagle": "p_eagle"}
 # Only an EAGLE-3 draft has an SGLang export (eaglenest.evaluation.sglang_export).
 SGLANG_EXPORTABLE = ("eagle3",)
 
@@ -48,9 +46,9 @@ def is_parallel(algorithm: str) -> bool:
 
 
 def algorithm_settings(config: dict, algorithm: str) -> dict:
-    """The config's settings of `algorithm` (draft.p_eagle for p_eagle; {} for eagle3)."""
-    section = SETTINGS_SECTION.get(algorithm)
-    return dict(config["draft"][section]) if section else {}
+    """The config's settings of `algorithm`, the section named after it (draft.p_eagle); EAGLE-3
+    has none ({})."""
+    return dict(config["draft"].get(algorithm) or {})
 
 
 def trainer_flags(algorithm: str, settings: dict, mask_token_id: int | None) -> list[str]:
