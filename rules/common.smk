@@ -19,7 +19,8 @@ from eaglenest.target.gguf import gguf_source
 from eaglenest.engine.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.training.sweep import plan_variants, swept_keys, train_hp, train_settings
 from eaglenest.target.resolve import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
-from eaglenest.pipeline.workflow import code_hash, vllm_base_args, vllm_env
+from eaglenest.pipeline.code_hash import code_hash
+from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
 
 # What the config was read from, for every message about it.
 CONFIG_FILES = [str(f) for f in workflow.overwrite_configfiles] or ["config/config.yaml"]

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def hashes_in(clone: Path) -> dict[str, str]:
     code = (
-        "from eaglenest.pipeline.workflow import code_hash\n"
+        "from eaglenest.pipeline.code_hash import code_hash\n"
         "for s in ('train_draft', 'evaluate_acceptance', 'tokenize', 'prepare_prompts'):\n"
         "    print(s, code_hash(s))\n"
     )
@@ -30,6 +30,8 @@ def edit(path: Path, old: str, new: str) -> None:
 def test_a_behaviour_edit_in_any_module_a_stage_reaches_reruns_it(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
     before = hashes_in(clone)
+    # The next calls read the facts the first one kept: an edited file must be seen through them.
+    assert list((clone / "eaglenest" / "__pycache__").glob("code-facts.*.json"))
     # speculators' split of the rows the draft trains on, in eaglenest.training.sweep: train_draft
     # reaches it through train.py (a hand-written list of modules once left it out).
     edit(

@@ -6,7 +6,7 @@ import graphlib
 import re
 from pathlib import Path
 
-from eaglenest.pipeline.workflow import PACKAGE_DIR, package_imports
+from eaglenest.pipeline.code_hash import PACKAGE_DIR, package_imports
 
 # Lowest first. A module may import from its own subpackage and from any earlier layer; the
 # subpackages within one layer do not import each other.

@@ -1,19 +1,14 @@
-"""Glue shared by the Snakefile and the rule scripts: logging, code hashes, engine flags.
+"""Glue shared by the Snakefile and the rule scripts: logging, engine flags.
 
 Kept free of heavy imports: the Snakefile imports this module on every `snakemake -n`.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import os
-from pathlib import Path
 
 from eaglenest.pipeline.run_guard import Preempted, stop_on_sigterm
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 def setup_logging(log_path) -> logging.Logger:
@@ -46,110 +41,6 @@ def run_logged(log_path, fn, *args, **kwargs):
     except Exception:
         log.exception("stage failed")
         raise
-
-
-SCRIPTS_DIR = PACKAGE_DIR.parent / "scripts"
-
-
-@functools.cache
-def _source_tree(path: Path):
-    """A file's syntax tree, parsed once per process (planning hashes every rule's closure).
-    _behaviour strips its docstrings in place, which changes no import package_imports reads."""
-    import ast
-
-    return ast.parse(path.read_text(), filename=str(path))
-
-
-def module_file(name: str) -> Path | None:
-    """The source file of package module `name` ("training.train"), or None if there is none (a
-    subpackage itself, a name that is not a module)."""
-    path = PACKAGE_DIR / (name.replace(".", "/") + ".py")
-    return path if path.is_file() else None
-
-
-def _statements(tree):
-    """Every statement of a tree, nested ones included (imports and docstrings are statements):
-    ast.walk's visit of every expression made planning's code hashes several times slower."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            block = getattr(node, field, None)
-            if isinstance(block, list):
-                todo.extend(block)
-
-
-@functools.cache
-def package_imports(path: Path) -> frozenset[str]:
-    """The eaglenest modules a file imports ("training.train"), wherever the import statement is
-    (some sit inside functions, to keep torch out of planning). A module an engine loads by its
-    name (vLLM's KV connector) is no import: its rule names it in code_hash's `also`."""
-    import ast
-
-    found = set()
-    for node in _statements(_source_tree(path)):
-        if isinstance(node, ast.Import):
-            found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("eaglenest.")}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module != "eaglenest" and not node.module.startswith("eaglenest."):
-                continue
-            package = node.module.partition(".")[2]
-            for alias in node.names:
-                # `from eaglenest.training import train` names a module; `from
-                # eaglenest.training.train import main` names something inside one.
-                submodule = f"{package}.{alias.name}" if package else alias.name
-                found.add(submodule if module_file(submodule) else package)
-    return frozenset(m for m in found if module_file(m))
-
-
-def stage_modules(script: str, leave_out: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> list[str]:
-    """Every eaglenest module a rule's script can run: its imports, theirs, and so on, and the
-    modules in `also` (loaded by name) with theirs. `leave_out` cuts a branch the config does
-    not take (the Kimi builder for the tiny Llama)."""
-    seen: set[str] = set()
-    todo = set(package_imports(SCRIPTS_DIR / f"{script}.py")) | set(also)
-    while todo:
-        name = todo.pop()
-        if name in seen or name in leave_out:
-            continue
-        seen.add(name)
-        path = module_file(name)
-        if path is None:
-            raise ValueError(f"code_hash({script!r}): no module eaglenest.{name}")
-        todo |= package_imports(path)
-    return sorted(seen)
-
-
-@functools.cache
-def _behaviour(path: Path) -> str:
-    """A file's code without its docstrings, comments and layout: what it does."""
-    import ast
-
-    def is_docstring(stmt) -> bool:
-        return (
-            isinstance(stmt, ast.Expr)
-            and isinstance(stmt.value, ast.Constant)
-            and isinstance(stmt.value.value, str)
-        )
-
-    tree = _source_tree(path)
-    for node in _statements(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and is_docstring(body[0]):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
-
-
-def code_hash(script: str, leave_out: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> str:
-    """Hash of what a rule's script runs: the script and every eaglenest module it reaches
-    (stage_modules). A `params:` entry, so a change of behaviour there reruns the rule;
-    Snakemake itself tracks the script's file only. Docstrings, comments and formatting are
-    left out: editing them reruns nothing."""
-    h = hashlib.sha256(_behaviour(SCRIPTS_DIR / f"{script}.py").encode())
-    for name in stage_modules(script, leave_out, also):
-        h.update(name.encode() + b"\0" + _behaviour(module_file(name)).encode())
-    return h.hexdigest()[:16]
 
 
 def resolve_device(device: str) -> str:
