@@ -277,11 +277,20 @@ def test_an_unknown_sweep_setting_stops_the_workflow_naming_it(tmp_path):
 
 
 @pytest.mark.engine
-def test_two_variant_sweep_reuses_the_default_runs_upstream(default_run):
+def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_in_parallel(default_run):
+    """A real two-variant sweep on the shared default run: EAGLE-3 and P-EAGLE (the minute-scale
+    P-EAGLE smoke run of the README's "Drafters"), one epoch on a quarter of the rows and a
+    smaller draft vocabulary, through training, export and vLLM's evaluation, on the run's own
+    hidden states. Here, after test_pipeline.py: it adds server starts to the shared run, which
+    that file counts."""
     workdir, run_dir = default_run["workdir"], default_run["run_dir"]
     cfg = copy.deepcopy(default_run["config"])
-    # One epoch on a quarter of the rows keeps the two trainings short.
-    cfg["sweep"] = {"data_fraction": [0.25], "draft_vocab_size": [256, 512], "epochs": [1]}
+    cfg["sweep"] = {
+        "data_fraction": [0.25],
+        "draft_vocab_size": [256],
+        "epochs": [1],
+        "algorithm": ["eagle3", "p_eagle"],
+    }
     configfile = write_config(workdir, cfg, "sweep.yaml")
     upstream = [
         run_dir / "responses" / "raw_responses.jsonl",
@@ -309,59 +318,42 @@ def test_two_variant_sweep_reuses_the_default_runs_upstream(default_run):
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(gpu_jobs))
     assert {p: p.stat().st_mtime_ns for p in upstream} == stamps
 
-    names = ["frac0.25-vocab256-epochs1", "frac0.25-vocab512-epochs1"]
-    for name, size in zip(names, (256, 512), strict=True):
+    names = ["frac0.25-vocab256-epochs1-eagle3", "frac0.25-vocab256-epochs1-p_eagle"]
+    exported = {}
+    for name in names:
         variant = run_dir / "variants" / name
-        config = json.loads((variant / "draft" / "config.json").read_text())
-        assert config["draft_vocab_size"] == size
+        exported[name] = json.loads((variant / "draft" / "config.json").read_text())
+        assert exported[name]["draft_vocab_size"] == 256
         acc = json.loads((variant / "eval" / "acceptance.json").read_text())
         assert acc["draft"]["lossless"] is True and acc["draft"]["num_drafts"] > 0
+    assert exported[names[0]]["speculators_model_type"] == "eagle3"
+
+    # P-EAGLE: its resolved mask token and depth in the export, and the server evaluation
+    # started for it asked vLLM for parallel drafting, and vLLM took it.
+    p_eagle = run_dir / "variants" / names[1]
+    mask = json.loads((p_eagle / "draft_config.json").read_text())["eaglenest"]["mask_token"]
+    config = exported[names[1]]
+    assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] == mask["id"]
+    depths = cfg["draft"]["p_eagle"]["num_depths"]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
+    (log,) = [
+        f
+        for f in (run_dir / ".eaglenest" / "server").glob("server-*.log")
+        if f"{p_eagle}/draft" in f.read_text(errors="replace")
+    ]
+    assert "'parallel_drafting': True" in log.read_text(errors="replace")
+
     table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
-    base = f"frac1-vocab{cfg['vocab']['draft_vocab_size']}-epochs{cfg['train']['epochs']}"
+    base = f"frac1-vocab{cfg['vocab']['draft_vocab_size']}-epochs{cfg['train']['epochs']}-eagle3"
     assert list(table["variant"]) == [base, *names]
+    assert list(table["algorithm"]) == ["eagle3", "eagle3", "p_eagle"]
     base_rows = table["train_rows"].iloc[0]
     assert all(0 < r < base_rows / 2 for r in table["train_rows"].iloc[1:])
     assert table["tokens_per_step"].between(1, cfg["evaluate"]["num_speculative_tokens"] + 1).all()
-    assert table["val_estimate_tokens_per_draft"].notna().all()
+    # speculators' P-EAGLE records no conditional accuracy: no trainer's estimate for it.
+    assert table["val_estimate_tokens_per_draft"].isna().tolist() == [False, False, True]
 
     assert planned_jobs(snakemake(workdir, configfile, "-n")) == {}
     report = workdir / "sweep_report.html"
     snakemake(workdir, configfile, "--report", str(report))
     assert "comparison.csv" in report.read_text(errors="replace")
-
-
-@pytest.mark.engine
-def test_a_p_eagle_variant_trains_exports_and_is_served_in_parallel_on_the_default_runs_data(default_run):
-    """The minute-scale P-EAGLE smoke run (README, "Drafters"): a sweep variant on the default run's hidden states
-    (one epoch on a quarter of the rows), through training, export and vLLM's evaluation. Here,
-    not in test_drafters.py: it adds a server start to the shared run, so it runs after
-    test_pipeline.py has counted them."""
-    workdir, run_dir = default_run["workdir"], default_run["run_dir"]
-    cfg = copy.deepcopy(default_run["config"])
-    cfg["sweep"] = {"algorithm": ["p_eagle"], "data_fraction": [0.25], "epochs": [1]}
-    configfile = write_config(workdir, cfg, "p_eagle.yaml")
-    shards = sorted((run_dir / "hidden_states").glob("shard_*/manifest.json"))
-    stamps = {p: p.stat().st_mtime_ns for p in shards}
-
-    proc = snakemake(workdir, configfile, "--cores", "2")
-    assert "extract_hidden_states" not in planned_jobs(proc) and "train_draft" not in planned_jobs(proc)
-    assert {p: p.stat().st_mtime_ns for p in shards} == stamps
-    variant = run_dir / "variants" / "frac0.25-epochs1-p_eagle"
-    mask = json.loads((variant / "draft_config.json").read_text())["eaglenest"]["mask_token"]
-    exported = json.loads((variant / "draft" / "config.json").read_text())
-    assert exported["speculators_model_type"] == "peagle" and exported["mask_token_id"] == mask["id"]
-    depths = cfg["draft"]["p_eagle"]["num_depths"]
-    assert exported["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
-    acc = json.loads((variant / "eval" / "acceptance.json").read_text())["draft"]
-    assert acc["lossless"] is True and acc["num_drafts"] > 0
-    # The server evaluation started for it asked vLLM for parallel drafting, and vLLM took it.
-    (log,) = [
-        f
-        for f in (run_dir / ".eaglenest" / "server").glob("server-*.log")
-        if f"{variant}/draft" in f.read_text(errors="replace")
-    ]
-    assert "'parallel_drafting': True" in log.read_text(errors="replace")
-    table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
-    assert list(table["algorithm"]) == ["eagle3", "p_eagle"]
-    # speculators' P-EAGLE records no conditional accuracy: no trainer's estimate for it.
-    assert table["val_estimate_tokens_per_draft"].isna().tolist() == [False, True]
