@@ -1,6 +1,7 @@
 """Each rule's code hash covers what its script runs, found from the imports, so an edit of any
 module a stage reaches reruns it, and an edit of a docstring or comment reruns nothing."""
 
+import json
 import re
 import subprocess
 import sys
@@ -50,6 +51,21 @@ def test_a_behaviour_edit_in_any_module_a_stage_reaches_reruns_it(tmp_path):
         clone / "eaglenest" / "core" / "errors.py", 'f"{self.path}: {problem}"', 'f"{self.path}:: {problem}"'
     )
     assert all(hashes_in(clone)[s] != after[s] for s in after)
+
+
+def test_a_damaged_facts_cache_gives_the_same_hashes(tmp_path):
+    """The facts cache only saves time: one left half-written or wrong is read past."""
+    clone = fresh_clone(tmp_path / "clone")
+    before = hashes_in(clone)
+    (cache,) = (clone / "eaglenest" / "__pycache__").glob("code-facts.*.json")
+    for damaged in (
+        '{"truncated',
+        "[1, 2]",
+        json.dumps({k: {"sha256": 0} for k in json.loads(cache.read_text())}),
+    ):
+        cache.write_text(damaged)
+        assert hashes_in(clone) == before
+        assert all(f["sha256"] != 0 for f in json.loads(cache.read_text()).values())  # mended
 
 
 def test_docstrings_comments_and_layout_rerun_nothing(tmp_path):

@@ -72,9 +72,10 @@ FACTS_CACHE = PACKAGE_DIR / "__pycache__" / f"code-facts.{sys.implementation.cac
 @functools.cache
 def _facts_cache() -> dict:
     try:
-        return json.loads(FACTS_CACHE.read_text())
+        cache = json.loads(FACTS_CACHE.read_text())
     except (OSError, ValueError):
         return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def _save_facts_cache() -> None:
@@ -88,16 +89,24 @@ def _save_facts_cache() -> None:
 
 
 @functools.cache
+def _save_at_exit() -> None:
+    atexit.register(_save_facts_cache)  # once per process, after every miss is in
+
+
+@functools.cache
 def _source_facts(path: Path) -> dict:
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     cache = _facts_cache()
     cached = cache.get(str(path))
-    if cached and cached["sha256"] == digest:
+    if (
+        isinstance(cached, dict)
+        and cached.get("sha256") == digest
+        and {"imports", "behaviour"} <= cached.keys()
+    ):
         return cached
     facts = {"sha256": digest, **_read_source_facts(data.decode(), path)}
-    if not cache:
-        atexit.register(_save_facts_cache)  # once per process, after every miss is in
+    _save_at_exit()
     cache[str(path)] = facts
     return facts
 
