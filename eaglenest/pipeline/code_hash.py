@@ -125,10 +125,13 @@ def package_imports(path: Path) -> frozenset[str]:
     name (vLLM's KV connector) is no import: its rule names it in code_hash's `also`."""
     found = set()
     for package, name in _source_facts(path)["imports"]:
+        if name is None:  # `import eaglenest.training.train`
+            found.add(package)
+            continue
         # `from eaglenest.training import train` names a module; `from
         # eaglenest.training.train import main` names something inside one.
-        submodule = f"{package}.{name}" if package and name else name or package
-        found.add(submodule if name is None or module_file(submodule) else package)
+        submodule = f"{package}.{name}" if package else name
+        found.add(submodule if module_file(submodule) else package)
     return frozenset(m for m in found if module_file(m))
 
 
