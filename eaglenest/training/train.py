@@ -80,6 +80,27 @@ def patch_for_cpu() -> None:
     trainer_mod.Trainer.__init__ = init
 
 
+def patch_fused_loss_configs() -> None:
+    """Give each of speculators' fused-loss Triton kernels its own autotune configs.
+
+    speculators 0.9.0 decorates `loss_forward_kernel` and `loss_backward_kernel` with one
+    `triton.autotune(...)` object, so both autotuners hold the same `configs` list (and the
+    same Config objects). torch.compile (torch 2.11's dynamo) traces both kernels in the
+    compiled metrics function and refuses the second sight of that list: "ListVariable ... is
+    already tracked for mutation". A copy per kernel, equal in value, lets it trace them.
+    """
+    import copy
+
+    try:
+        from speculators.losses import fused
+    except ImportError:  # no Triton: the eager loss, nothing to trace
+        return
+    for name in ("loss_forward_kernel", "loss_backward_kernel"):
+        kernel = getattr(fused, name, None)
+        if isinstance(getattr(kernel, "configs", None), list):
+            kernel.configs = copy.deepcopy(kernel.configs)
+
+
 #: Where the trainer child process records per-epoch metrics (set by `run_trainer`).
 METRICS_FILE_ENV = "EAGLENEST_EPOCH_METRICS"
 
@@ -327,6 +348,7 @@ def main(argv: list[str]) -> None:
 
     check_internals()
     patch_for_cpu()
+    patch_fused_loss_configs()
     # Unset when the command in a checkpoint's train_command.txt is replayed by hand.
     if os.environ.get(METRICS_FILE_ENV):
         record_epoch_metrics(os.environ[METRICS_FILE_ENV])
