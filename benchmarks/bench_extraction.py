@@ -67,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from eaglenest.draft.config import default_aux_layer_ids
+    from eaglenest.draft.aux_layers import default_aux_layer_ids
     from eaglenest.engine.server import ServerSpec, start, stop_pid
     from eaglenest.hidden_states.extract import (
         extract_shard_transformers,

@@ -48,7 +48,8 @@ from safetensors.torch import save_file
 
 from eaglenest.core.io import iter_jsonl, write_jsonl
 from eaglenest.data.vocab import MappingPaths, build_vocab_mapping
-from eaglenest.draft.config import default_aux_layer_ids, draft_config_stage
+from eaglenest.draft.aux_layers import default_aux_layer_ids
+from eaglenest.draft.config import draft_config_stage
 from eaglenest.evaluation.export import export_stage
 from eaglenest.hidden_states.extract import write_shard
 from eaglenest.target.resolve import resolve_target

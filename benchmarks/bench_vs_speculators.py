@@ -91,7 +91,7 @@ def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, ext
     from datasets import load_from_disk
     from speculators.train.config import TrainConfig
 
-    from eaglenest.draft.config import default_aux_layer_ids, resolve_aux_layer_ids
+    from eaglenest.draft.aux_layers import default_aux_layer_ids, resolve_aux_layer_ids
     from eaglenest.engine.server import SERVED_NAME, ServerSpec, serving
     from eaglenest.hidden_states.extract import vllm_extraction_spec
     from eaglenest.pipeline.workflow import resolve_device, vllm_base_args, vllm_env

@@ -227,7 +227,7 @@ def test_vocab_draft_larger_than_target(tmp_path, target):
     ],
 )
 def test_resolve_aux_layer_ids_rejects(ids, problem):
-    from eaglenest.draft.config import resolve_aux_layer_ids
+    from eaglenest.draft.aux_layers import resolve_aux_layer_ids
 
     with pytest.raises(EaglenestError) as e:
         resolve_aux_layer_ids(ids, 8, "/models/t/config.json")

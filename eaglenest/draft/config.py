@@ -11,6 +11,7 @@ from __future__ import annotations
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import write_json
 from eaglenest.draft.algorithms import draft_algorithm, is_parallel
+from eaglenest.draft.aux_layers import resolve_aux_layer_ids
 from eaglenest.draft.mask_token import resolve_mask_token_id
 from eaglenest.draft.sglang import sglang_layer_ids
 from eaglenest.target.resolve import load_tokenizer, read_config, read_shape, text_config
@@ -32,23 +33,6 @@ def draft_parameter_count(cfg: dict) -> int:
         width = 2 * h if layer == 0 else h
         total += width * (q + 2 * kv) + q * h + 3 * h * inter + width + h
     return total
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's usual choice: an early, a middle and a late layer."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def resolve_aux_layer_ids(configured, num_layers: int, source="config") -> list[int]:
-    ids = list(configured) if configured else default_aux_layer_ids(num_layers)
-    if len(ids) != 3:
-        raise EaglenestError(f"aux_layer_ids must name 3 layers, got {ids}", source)
-    if len(set(ids)) != len(ids):
-        raise EaglenestError(f"aux_layer_ids {ids} has duplicates (target has {num_layers} layers)", source)
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise EaglenestError(f"aux_layer_ids {bad} outside the target's layers 0..{num_layers - 1}", source)
-    return ids
 
 
 def draft_rope_parameters(tcfg: dict, source) -> tuple[dict, str | None]:

@@ -36,7 +36,7 @@ from eaglenest.core.io import (
     room_for,
     write_json,
 )
-from eaglenest.draft.config import resolve_aux_layer_ids
+from eaglenest.draft.aux_layers import resolve_aux_layer_ids
 from eaglenest.engine.server import (
     SERVED_NAME,
     Server,
