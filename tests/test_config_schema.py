@@ -107,7 +107,15 @@ def test_every_object_lists_its_required_keys():
     sections = dict(objects(SCHEMA))
     assert sections.keys() >= {"(top)", "target", "vllm", "prompts", "prompts.sources[]", "train", "evaluate"}
     # Objects whose keys all have defaults or may be left out.
-    optional = {"target.build_tiny", "evaluate.ngram", "sweep", "export", "draft", "draft.p_eagle"}
+    optional = {
+        "target.build_tiny",
+        "evaluate.ngram",
+        "sweep",
+        "export",
+        "draft",
+        "draft.p_eagle",
+        "draft.dflash",
+    }
     assert [p for p, sub in sections.items() if p not in optional and not sub.get("required")] == []
 
 
@@ -146,6 +154,7 @@ def test_rules_rely_on_filled_defaults():
         ("evaluate", "ngram"),
         ("draft", "mask_token_id"),
         ("draft", "p_eagle"),
+        ("draft", "dflash"),
     }
     assert relied_on <= {keys for keys, _ in defaulted_keys(SCHEMA)}
     cfg = default_config()

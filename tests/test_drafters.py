@@ -233,3 +233,146 @@ def test_export_refuses_a_p_eagle_checkpoint_unlike_the_draft_config(tmp_path, c
     assert str(e.value) == f"ckpt/config.json: the checkpoint is not the p_eagle draft trained for: {problem}"
     with pytest.raises(EaglenestError, match="speculators_model_type 'peagle', not 'eagle3'"):
         check_algorithm(cfg, weights, {"eaglenest": {}}, {}, "ckpt/config.json")
+
+
+DFLASH = {"block_size": None, "max_anchors": 32, "per_position_loss_weight": "dpace", "dpace_alpha": 0.5}
+
+
+def with_dflash(**dflash) -> dict:
+    cfg = with_draft("dflash")
+    cfg["draft"]["dflash"] = {**DFLASH, **dflash}
+    return cfg
+
+
+def test_dflash_flags_are_ones_speculators_own_resolver_reads_back():
+    """The block the trainer builds is the one vLLM serves: k + 1 slots unless set, trained
+    non-causal (vLLM reads that flag from the checkpoint) and not sampling from the anchor."""
+    from speculators.train.config import TrainConfig
+
+    from eaglenest.training.train import trainer_args
+
+    cfg = with_dflash()
+    hp = train_settings(cfg)
+    k = cfg["evaluate"]["num_speculative_tokens"]
+    assert hp["dflash"]["block_size"] == k + 1
+    resolved = TrainConfig.resolve(
+        trainer_args(**trainer_inputs(), cpu=True, hp=hp, algorithm="dflash", mask_token_id=9)
+    )
+    assert (resolved.speculator_type, resolved.draft.mask_token_id) == ("dflash", 9)
+    assert (resolved.dflash.block_size, resolved.data.max_anchors) == (k + 1, 32)
+    assert resolved.dflash.per_position_loss_weight == "dpace" and resolved.dflash.dpace_alpha == 0.5
+    assert resolved.draft.sliding_window_non_causal is True
+    assert resolved.dflash.sample_from_anchor is False
+    explicit = train_settings(with_dflash(block_size=8))["dflash"]["block_size"]
+    assert explicit == 8
+
+
+def test_dflash_is_served_by_vllms_own_method():
+    assert vllm_speculative_config("dflash", "/d", 3) == {
+        "method": "dflash",
+        "model": "/d",
+        "num_speculative_tokens": 3,
+    }
+
+
+def test_dflash_positions_count_from_the_first_drafted_slot():
+    """speculators' DFlash numbers a block's slots from the anchor (slot 0, never drafted)."""
+    dflash = {"position_1_acc_epoch": 0.7, "position_2_acc_epoch": 0.4, "eal_epoch": 2.1}
+    assert position_accuracies(dflash, "dflash") == {0: 0.7, 1: 0.4}
+
+
+def test_planning_refuses_more_tokens_than_a_dflash_block_holds():
+    with pytest.raises(
+        EaglenestError, match=r"num_speculative_tokens 3 exceeds draft.dflash.block_size 3 - 1"
+    ):
+        check_draft_plan(with_dflash(block_size=3), ["dflash"])
+    check_draft_plan(with_dflash(block_size=4), ["dflash"])
+    check_draft_plan(with_dflash(), ["eagle3", "dflash"])
+    with pytest.raises(EaglenestError, match="sglang, which has no export for a dflash draft"):
+        sglang = with_dflash()
+        sglang["export"]["engines"] = ["vllm", "sglang"]
+        check_draft_plan(sglang, ["dflash"])
+
+
+def test_a_dflash_draft_config_is_a_qwen3_decoder_with_full_attention_and_a_mask_token(
+    tmp_path, untrained_target
+):
+    """The draft config speculators reads for DFlash: a Qwen3 decoder whose every layer is full
+    attention (vLLM's V1 runner, the CPU build's, serves no mix of sliding and full layers)."""
+    from transformers import Qwen3Config
+
+    from eaglenest.draft.config import draft_config_stage
+
+    vocab = json.loads((untrained_target / "config.json").read_text())["vocab_size"]
+    freq = tmp_path / "token_freq.pt"
+    torch.save(torch.zeros(vocab, dtype=torch.int64), freq)
+    cfg = draft_config_stage(
+        untrained_target, tmp_path / "d.json", aux_layer_ids=None, draft_vocab_size=vocab // 4,
+        draft_layers=2, algorithm="dflash", token_freq=freq,
+    )  # fmt: skip
+    assert cfg["eaglenest"]["algorithm"] == "dflash" and cfg["eaglenest"]["mask_token"]["id"] in range(vocab)
+    decoder = Qwen3Config(**{k: v for k, v in cfg.items() if k != "eaglenest"})
+    assert decoder.layer_types == ["full_attention", "full_attention"]
+    assert decoder.hidden_size == json.loads((untrained_target / "config.json").read_text())["hidden_size"]
+
+
+def dflash_checkpoint_config(**change) -> dict:
+    cfg = {
+        "speculators_model_type": "dflash",
+        "mask_token_id": 7,
+        "block_size": 4,
+        "sliding_window_non_causal": True,
+        "sample_from_anchor": False,
+        "speculators_config": {"proposal_methods": [{"speculative_tokens": 3}]},
+    }
+    tokens = change.pop("speculative_tokens", None)
+    if tokens is not None:
+        cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] = tokens
+    return {**cfg, **change}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"mask_token_id": 3}, "mask_token_id 3, not the run's 7"),
+        ({"block_size": 8, "speculative_tokens": 7}, "block_size 8, not draft.dflash.block_size 4"),
+        ({"speculative_tokens": 4}, "speculative_tokens 4, not block_size - 1 = 3"),
+        ({"sliding_window_non_causal": False}, "vLLM would serve the block causally"),
+        ({"sample_from_anchor": True}, "sample_from_anchor is true"),
+    ],
+)
+def test_export_refuses_a_dflash_checkpoint_unlike_the_draft_config(change, problem):
+    from eaglenest.evaluation.export import check_algorithm
+
+    draft_config = {"eaglenest": {"algorithm": "dflash", "mask_token": {"id": 7, "source": "x"}}}
+    hp = {"dflash": {**DFLASH, "block_size": 4}}
+    check_algorithm(dflash_checkpoint_config(), {}, draft_config, hp, "ckpt/config.json")
+    with pytest.raises(EaglenestError) as e:
+        check_algorithm(dflash_checkpoint_config(**change), {}, draft_config, hp, "ckpt/config.json")
+    prefix = "ckpt/config.json: the checkpoint is not the dflash draft trained for: "
+    assert str(e.value).startswith(prefix) and ";" not in str(e.value) and problem in str(e.value)
+
+
+def test_vllms_cpu_kernel_norms_every_dflash_layer_with_the_first_layers_weight_unless_patched(monkeypatch):
+    """What the CPU patch (eaglenest.engine.vllm_cpu_dflash) is for, measured on vLLM's own kernel:
+    the grouped key norm of a 3-layer DFlash draft, against each layer normed with its own
+    weight."""
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+
+    from eaglenest.engine import vllm_cpu, vllm_cpu_dflash
+
+    layers, tokens, heads, head_dim = 3, 5, 2, 16
+    keys, weights = torch.randn(layers, tokens, heads, head_dim), torch.randn(layers, head_dim) + 2
+    rms = keys * torch.rsqrt(keys.pow(2).mean(-1, keepdim=True) + 1e-6)
+    expected = rms * weights[:, None, None, :]
+    grouped = torch.empty_like(keys)
+    ops.rms_norm(grouped, keys, weights, 1e-6)
+    assert torch.allclose(grouped, rms * weights[0], atol=1e-4)  # the kernel's way: layer 0's weight
+    assert not torch.allclose(grouped[1:], expected[1:], atol=1e-2)
+
+    monkeypatch.setattr(DFlashQwen3Model, "_normalize_context_k", DFlashQwen3Model._normalize_context_k)
+    monkeypatch.setenv(vllm_cpu.PATCH_ENV, "1")
+    vllm_cpu_dflash.register()
+    model = SimpleNamespace(_k_norm_weights=weights, _rms_norm_eps=1e-6)
+    assert torch.allclose(DFlashQwen3Model._normalize_context_k(model, keys), expected, atol=1e-4)

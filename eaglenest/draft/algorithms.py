@@ -5,7 +5,11 @@ EAGLE, speculators' `peagle`: the k tokens come from one forward pass in which p
 read a mask token, so the draft also trains its embeddings. vLLM serves both with its eagle3
 proposer; P-EAGLE only drafts in parallel when the speculative config says `parallel_drafting`
 (without it vLLM drafts one token at a time with a head trained for the other way, and
-acceptance drops with no error), so evaluation names it explicitly.
+acceptance drops with no error), so evaluation names it explicitly. dflash: speculators'
+`dflash`, a block drafter: one forward pass fills a block of k mask slots after the last
+accepted token, every slot attending to the whole block. It reads the target's frozen embeddings
+and head, so only its layers train; vLLM serves it with its own `dflash` method, always in
+parallel.
 
 Training reads a draft's algorithm from its draft config (draft_config writes it), so a sweep
 variant's own algorithm is the one trained, exported and served.
@@ -21,10 +25,13 @@ from eaglenest.core.io import read_json
 
 # draft.algorithm -> speculators' --speculator-type, which is also the checkpoint's
 # speculators_model_type.
-SPECULATOR_TYPES = {"eagle3": "eagle3", "p_eagle": "peagle"}
+SPECULATOR_TYPES = {"eagle3": "eagle3", "p_eagle": "peagle", "dflash": "dflash"}
 ALGORITHM_OF_TYPE = {v: k for k, v in SPECULATOR_TYPES.items()}
 # How reports and model cards name each.
-DISPLAY_NAMES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE"}
+DISPLAY_NAMES = {"eagle3": "EAGLE-3", "p_eagle": "P-EAGLE", "dflash": "DFlash"}
+# The checkpoint's key for the target layers it reads (speculators' DFlash config names it
+# without EAGLE's prefix; vLLM reads both).
+AUX_LAYER_KEYS = {"dflash": "aux_hidden_state_layer_ids"}
 # Only an EAGLE-3 draft has an SGLang export (eaglenest.evaluation.sglang_export).
 SGLANG_EXPORTABLE = ("eagle3",)
 
@@ -42,13 +49,29 @@ def folder_algorithm(draft_dir) -> str:
 
 def is_parallel(algorithm: str) -> bool:
     """Drafts its k tokens in one pass from mask-token slots (and so needs a mask token)."""
+    return algorithm in ("p_eagle", "dflash")
+
+
+def trains_embeddings(algorithm: str) -> bool:
+    """Trains (and saves) its own token embeddings; the others read the target's, frozen."""
     return algorithm == "p_eagle"
+
+
+def aux_layer_ids_of(checkpoint_cfg: dict) -> list[int] | None:
+    """The target layers a trained or exported draft reads, from its config.json."""
+    algorithm = ALGORITHM_OF_TYPE.get(checkpoint_cfg.get("speculators_model_type"), "eagle3")
+    return checkpoint_cfg.get(AUX_LAYER_KEYS.get(algorithm, "eagle_aux_hidden_state_layer_ids"))
 
 
 def algorithm_settings(config: dict, algorithm: str) -> dict:
     """The config's settings of `algorithm`, the section named after it (draft.p_eagle); EAGLE-3
-    has none ({})."""
-    return dict(config["draft"].get(algorithm) or {})
+    has none ({}). A DFlash block size left unset is the evaluated k + 1 (the anchor and k
+    mask slots), so the block trained is the block served; it is resolved here, so changing k
+    retrains such a draft."""
+    settings = dict(config["draft"].get(algorithm) or {})
+    if algorithm == "dflash" and settings.get("block_size") is None:
+        settings["block_size"] = config["evaluate"]["num_speculative_tokens"] + 1
+    return settings
 
 
 def trainer_flags(algorithm: str, settings: dict, mask_token_id: int | None) -> list[str]:
@@ -63,13 +86,19 @@ def trainer_flags(algorithm: str, settings: dict, mask_token_id: int | None) -> 
         flags += ["--mask-token-id", "0"]
     for key, value in settings.items():  # the schema names each setting as speculators' flag
         flags += [f"--{key.replace('_', '-')}", str(value)]
+    if algorithm == "dflash":
+        # Fixed, not settings: vLLM serves a block causally unless the checkpoint says its
+        # attention is not (acceptance drops with no error), and its V1 runner ignores a block
+        # that samples from the anchor.
+        flags += ["--sliding-window-non-causal", "--no-sample-from-anchor"]
     return flags
 
 
 def vllm_speculative_config(algorithm: str, draft_dir: str, k: int) -> dict:
     """vLLM's --speculative-config serving the draft in `draft_dir` with `k` tokens per step."""
-    spec = {"method": "eagle3", "model": draft_dir, "num_speculative_tokens": k}
-    if is_parallel(algorithm):
+    method = "dflash" if algorithm == "dflash" else "eagle3"  # DFlash always drafts in parallel
+    spec = {"method": method, "model": draft_dir, "num_speculative_tokens": k}
+    if algorithm == "p_eagle":
         spec["parallel_drafting"] = True
     return spec
 
@@ -88,6 +117,13 @@ def check_draft_plan(config: dict, algorithms) -> None:
                     f"evaluate.num_speculative_tokens {k} exceeds draft.p_eagle.num_depths {depths}: "
                     "a P-EAGLE draft proposes at most the depths it was trained on"
                 )
+        if algorithm == "dflash":
+            block = algorithm_settings(config, "dflash")["block_size"]
+            if k > block - 1:
+                raise EaglenestError(
+                    f"evaluate.num_speculative_tokens {k} exceeds draft.dflash.block_size {block} - 1: "
+                    "a DFlash block holds the anchor token and at most block_size - 1 drafted ones"
+                )
     if own not in SGLANG_EXPORTABLE and "sglang" in config["export"]["engines"]:
         raise EaglenestError(
             f"export.engines names sglang, which has no export for a {own} draft "
@@ -96,16 +132,21 @@ def check_draft_plan(config: dict, algorithms) -> None:
 
 
 # speculators' validation accuracy per draft position, one name per trainer: eagle3's
-# `full_acc_{p}` (position p right, its earlier drafts the target's), peagle's
-# `position_{p}_acc` (depth p of one parallel pass right).
+# `full_acc_{p}` (position p right, its earlier drafts the target's), peagle's and dflash's
+# `position_{p}_acc` (slot p of one parallel pass right).
 _POSITION_ACCURACY = re.compile(r"^(?:full_acc_(\d+)|position_(\d+)_acc)_epoch$")
+# dflash counts the block's slots from the anchor (slot 0, never drafted), the others from the
+# first drafted token.
+_FIRST_DRAFTED_SLOT = {"dflash": 1}
 
 
-def position_accuracies(split_metrics: dict) -> dict[int, float]:
-    """{draft position: accuracy} of one epoch's train or val metrics, for any algorithm."""
+def position_accuracies(split_metrics: dict, algorithm: str = "eagle3") -> dict[int, float]:
+    """{draft position: accuracy} of one epoch's train or val metrics, position 0 being the
+    first drafted token whatever the algorithm."""
+    first = _FIRST_DRAFTED_SLOT.get(algorithm, 0)
     found = {}
     for key, value in split_metrics.items():
         m = _POSITION_ACCURACY.match(key)
         if m:
-            found[int(m.group(1) or m.group(2))] = value
+            found[int(m.group(1) or m.group(2)) - first] = value
     return dict(sorted(found.items()))

@@ -2,15 +2,16 @@
 
 EAGLE-3's draft layer works in the target's hidden space, so its shape comes from the target;
 only the number of layers and the context length are choices. The file is a plain `LlamaConfig`
-(what speculators' `--draft-config` reads) with an `eaglenest` block recording the contract the
-later stages check: aux layer ids, vocabulary sizes and the target's layer count.
+(what speculators' `--draft-config` reads; a `Qwen3Config` for DFlash, as speculators documents
+it) with an `eaglenest` block recording the contract the later stages check: aux layer ids,
+vocabulary sizes and the target's layer count.
 """
 
 from __future__ import annotations
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import write_json
-from eaglenest.draft.algorithms import draft_algorithm, is_parallel
+from eaglenest.draft.algorithms import draft_algorithm, is_parallel, trains_embeddings
 from eaglenest.draft.aux_layers import resolve_aux_layer_ids
 from eaglenest.draft.mask_token import resolve_mask_token_id
 from eaglenest.draft.sglang import sglang_layer_ids
@@ -18,16 +19,23 @@ from eaglenest.target.resolve import load_tokenizer, read_config, read_shape, te
 
 
 def draft_parameter_count(cfg: dict) -> int:
-    """Parameters of speculators' EAGLE-3 draft for a draft config (draft_config.json): the
+    """Parameters of speculators' draft for a draft config (draft_config.json). EAGLE-3: the
     target-vocabulary embedding, the fc layer that folds the three aux layers into one, the
     decoder layers (the first reads embedding and hidden state side by side, 2 x hidden), the
-    final norm and the draft-vocabulary head; a parallel draft (P-EAGLE) adds the learned state
-    its masked slots read in place of the target's three layers."""
+    final norm and the draft-vocabulary head; a P-EAGLE draft adds the learned state its masked
+    slots read in place of the target's three layers. A DFlash draft keeps no embedding (it
+    reads the target's), its fc output is normed and its layers are all one hidden wide, with
+    per-head query and key norms."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    head = cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * head, cfg["num_key_value_heads"] * head
     vocab, draft_vocab = cfg["eaglenest"]["target_vocab_size"], cfg["eaglenest"]["draft_vocab_size"]
-    total = vocab * h + 3 * h * h + h + draft_vocab * h
-    if is_parallel(draft_algorithm(cfg)):
+    algorithm = draft_algorithm(cfg)
+    total = 3 * h * h + h + draft_vocab * h
+    if algorithm == "dflash":
+        return total + h + layers * (h * (q + 2 * kv) + q * h + 3 * h * inter + 2 * h + 2 * head)
+    total += vocab * h
+    if trains_embeddings(algorithm):
         total += 3 * h
     for layer in range(layers):
         width = 2 * h if layer == 0 else h
@@ -97,7 +105,7 @@ def draft_config_stage(
 ) -> dict:
     """`sglang_export`: the draft is exported to SGLang too (export.engines), so its aux layers
     must be ones SGLang's target can capture (checked here, before extraction). `algorithm`
-    (draft.algorithm): a parallel drafter (p_eagle) also gets its mask token, resolved from
+    (draft.algorithm): a parallel drafter (p_eagle, dflash) also gets its mask token, resolved from
     `mask_token_id` (the config's, or None), the target's tokenizer and the trained tokens'
     counts (`token_freq`, tokenize's)."""
     if sglang_export:
@@ -161,6 +169,17 @@ def draft_config_stage(
     }
     if algorithm != "eagle3":  # an EAGLE-3 draft's file stays what it was: no retraining
         cfg["eaglenest"]["algorithm"] = algorithm
+    if algorithm == "dflash":
+        # speculators reads a DFlash --draft-config as a Qwen3 decoder. Every layer full
+        # attention: vLLM's V1 runner (the CPU build's) cannot serve mixed sliding and full
+        # layers, and the block is trained and served non-causal (algorithms.trainer_flags).
+        cfg.update(
+            model_type="qwen3",
+            architectures=["Qwen3ForCausalLM"],
+            attention_bias=False,
+            use_sliding_window=False,
+            layer_types=["full_attention"] * draft_layers,
+        )
     if is_parallel(algorithm):
         # Imported here: data.vocab loads torch, and rules/common.smk imports this module to plan.
         from eaglenest.data.vocab import load_token_counts

@@ -26,7 +26,7 @@ from pathlib import Path
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, iter_jsonl, read_json, read_jsonl, write_json, write_jsonl
 from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
-from eaglenest.draft.algorithms import folder_algorithm, is_parallel, vllm_speculative_config
+from eaglenest.draft.algorithms import folder_algorithm, trains_embeddings, vllm_speculative_config
 from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, serving
 from eaglenest.target.resolve import load_tokenizer
 
@@ -266,7 +266,8 @@ def make_untrained_draft(trained_dir, out_dir, target_dir, seed: int = 0) -> Pat
     """The floor: the trained checkpoint's config, vocabulary mapping and the target's own
     embeddings with fresh trainable weights. EAGLE-3 keeps the target's embeddings frozen, so
     the checkpoint's are the target's; P-EAGLE trains them, so they are read back from the
-    target (`target_dir`) with speculators' own loader, the one its training starts from."""
+    target (`target_dir`) with speculators' own loader, the one its training starts from. DFlash
+    saves no embedding, and its head is the target's own rows, frozen, so that is kept too."""
     import shutil
 
     # torch here only: the workflow imports this module for METHODS when it plans, and torch
@@ -281,14 +282,16 @@ def make_untrained_draft(trained_dir, out_dir, target_dir, seed: int = 0) -> Pat
         gen = torch.Generator().manual_seed(seed)
         weights = load_file(str(Path(trained_dir) / "model.safetensors"))
         fresh = {}
+        algorithm = folder_algorithm(trained_dir)
+        frozen = ("d2t", "t2d", "lm_head.weight") if algorithm == "dflash" else ("d2t", "t2d")
         for name, w in weights.items():
-            if name in ("d2t", "t2d") or "embed_tokens" in name or not w.is_floating_point():
+            if name in frozen or "embed_tokens" in name or not w.is_floating_point():
                 fresh[name] = w
             elif "norm" in name:
                 fresh[name] = torch.ones_like(w)
             else:
                 fresh[name] = (torch.randn(w.shape, generator=gen) * 0.02).to(w.dtype)
-        if is_parallel(folder_algorithm(trained_dir)):
+        if trains_embeddings(algorithm):
             from speculators.utils.loading import load_model_layers
 
             embed = load_model_layers(["embed_tokens.weight"], str(target_dir))["embed_tokens.weight"]

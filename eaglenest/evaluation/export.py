@@ -1,6 +1,6 @@
 """Export the trained draft as a folder vLLM serves directly, after checking its contracts.
 
-The trainer's checkpoint already is speculators' format (EAGLE-3 or P-EAGLE); export makes every field vLLM
+The trainer's checkpoint already is speculators' format (EAGLE-3, P-EAGLE or DFlash); export makes every field vLLM
 reads explicit (aux layers, draft vocabulary size, norm flags, context length, verifier) and
 refuses a checkpoint whose vocabulary mapping or layers disagree with the earlier stages.
 """
@@ -16,7 +16,7 @@ import torch
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json
-from eaglenest.draft.algorithms import SPECULATOR_TYPES, draft_algorithm
+from eaglenest.draft.algorithms import SPECULATOR_TYPES, aux_layer_ids_of, draft_algorithm
 from eaglenest.evaluation.model_card import model_card
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,9 @@ NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"
 def check_algorithm(cfg: dict, weights: dict, draft_config: dict, hp: dict, source) -> None:
     """The checkpoint is the drafter the draft config asked for: speculators' type and, for
     P-EAGLE, the mask token the run resolved, the trained embeddings and the learned masked-slot
-    state it serves with, and the depth it was trained to (`hp`: the train settings)."""
+    state it serves with, and the depth it was trained to (`hp`: the train settings). For
+    DFlash: the mask token, the block size trained and the k it proposes (one less), and the
+    block attention vLLM will serve it with (non-causal, not sampling from the anchor)."""
     algorithm = draft_algorithm(draft_config)
     problems = []
     if cfg.get("speculators_model_type") != SPECULATOR_TYPES[algorithm]:
@@ -47,6 +49,21 @@ def check_algorithm(cfg: dict, weights: dict, draft_config: dict, hp: dict, sour
             problems.append(
                 f"speculative_tokens {depth}, not draft.p_eagle.num_depths {hp['p_eagle']['num_depths']}"
             )
+    if algorithm == "dflash":
+        mask, block = draft_config["eaglenest"]["mask_token"]["id"], hp["dflash"]["block_size"]
+        if cfg.get("mask_token_id") != mask:
+            problems.append(f"mask_token_id {cfg.get('mask_token_id')}, not the run's {mask}")
+        if cfg.get("block_size") != block:
+            problems.append(f"block_size {cfg.get('block_size')}, not draft.dflash.block_size {block}")
+        tokens = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        if tokens != cfg.get("block_size", 0) - 1:
+            problems.append(
+                f"speculative_tokens {tokens}, not block_size - 1 = {cfg.get('block_size', 0) - 1}"
+            )
+        if cfg.get("sliding_window_non_causal") is not True:
+            problems.append("sliding_window_non_causal is not true: vLLM would serve the block causally")
+        if cfg.get("sample_from_anchor"):
+            problems.append("sample_from_anchor is true: vLLM's V1 runner drafts from mask slots only")
     if problems:
         raise EaglenestError(
             f"the checkpoint is not the {algorithm} draft trained for: " + "; ".join(problems), source
@@ -83,13 +100,8 @@ def export_stage(
             f"{what} {theirs} in the checkpoint differs from {ours} in {other}", ckpt / "config.json"
         )
 
-    if cfg.get("eagle_aux_hidden_state_layer_ids") != dcfg["aux_layer_ids"]:
-        mismatch(
-            "aux layer ids",
-            dcfg["aux_layer_ids"],
-            cfg.get("eagle_aux_hidden_state_layer_ids"),
-            draft_config_path,
-        )
+    if aux_layer_ids_of(cfg) != dcfg["aux_layer_ids"]:
+        mismatch("aux layer ids", dcfg["aux_layer_ids"], aux_layer_ids_of(cfg), draft_config_path)
     if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg["draft_vocab_size"]:
         mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"), draft_config_path)
     check_algorithm(cfg, weights, draft_config, hp, ckpt / "config.json")
@@ -102,8 +114,9 @@ def export_stage(
 
     layer_cfg = cfg["transformer_layer_config"]
     layer_cfg["max_position_embeddings"] = max(layer_cfg.get("max_position_embeddings", 0), max_model_len)
-    for flag in NORM_FLAGS:
-        # Write every flag out: an absent one would fall back to an engine default.
+    for flag in NORM_FLAGS if draft_algorithm(draft_config) != "dflash" else ():
+        # Write every flag out: an absent one would fall back to an engine default. (EAGLE's
+        # only: a DFlash layer has none of these.)
         cfg[flag] = bool(cfg.get(flag))
     # The hub id for a hub target (portable: `vllm serve DRAFT` resolves it on any machine),
     # else the local folder. Serving the target with --speculative-config never reads it.
@@ -117,7 +130,7 @@ def export_stage(
     log.info(
         "exported draft to %s (aux %s, draft vocab %d, context %d)",
         out_dir,
-        cfg["eagle_aux_hidden_state_layer_ids"],
+        aux_layer_ids_of(cfg),
         cfg["draft_vocab_size"],
         layer_cfg["max_position_embeddings"],
     )

@@ -16,11 +16,13 @@ from eaglenest.core.io import read_json
 from eaglenest.draft.algorithms import (
     ALGORITHM_OF_TYPE,
     DISPLAY_NAMES,
+    aux_layer_ids_of,
     position_accuracies,
     vllm_speculative_config,
 )
 
 ENGINE_LIBRARY = {"vllm": "vllm", "sglang": "sglang"}
+LAYER_NAMES = {"llama": "Llama", "qwen3": "Qwen3"}  # the draft layer's model_type, as its family is written
 
 
 def serve_command(engine: str, target: str, folder: str, k: int, algorithm: str = "eagle3") -> str:
@@ -34,10 +36,10 @@ def serve_command(engine: str, target: str, folder: str, k: int, algorithm: str 
     )
 
 
-def validation_accuracy(metrics: dict) -> list[tuple[int, float]]:
+def validation_accuracy(metrics: dict, algorithm: str) -> list[tuple[int, float]]:
     """(draft position, accuracy) at the last epoch that validated, from train_metrics.json."""
     for epoch in reversed(metrics.get("per_epoch") or []):
-        found = position_accuracies(epoch.get("val") or {})
+        found = position_accuracies(epoch.get("val") or {}, algorithm)
         if found:
             return list(found.items())
     return []
@@ -52,9 +54,9 @@ def model_card(
     metrics, meta, cov = read_json(metrics_path), read_json(metadata_path), read_json(coverage_path)
     base = target.hub_id or target.name
     layer = draft_cfg["transformer_layer_config"]
-    aux = draft_cfg["eagle_aux_hidden_state_layer_ids"]
-    accuracy = validation_accuracy(metrics)
+    aux = aux_layer_ids_of(draft_cfg)
     algorithm = ALGORITHM_OF_TYPE[draft_cfg["speculators_model_type"]]  # the export's own config
+    accuracy = validation_accuracy(metrics, algorithm)
     name = DISPLAY_NAMES[algorithm]
     lines = [
         "---",
@@ -77,7 +79,8 @@ def model_card(
         "## Target and draft",
         "",
         f"- target: {base}" + (f" @ {target.commit}" if target.commit else ""),
-        f"- draft: {layer['num_hidden_layers']} Llama layer(s), hidden {layer['hidden_size']}, "
+        f"- draft: {layer['num_hidden_layers']} {LAYER_NAMES.get(layer.get('model_type'), 'Llama')} layer(s), "
+        f"hidden {layer['hidden_size']}, "
         f"reading the target's hidden states {aux} (HF hidden_states indices)",
         f"- draft vocabulary: {cov['draft_vocab_size']:,} of the target's {cov['target_vocab_size']:,} tokens, "
         f"covering {cov['coverage']:.1%} of the training tokens",

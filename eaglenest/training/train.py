@@ -385,7 +385,7 @@ def collect_metrics(metrics_file) -> list[dict]:
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
-def plot_curves(metrics: list[dict], out_png) -> None:
+def plot_curves(metrics: list[dict], out_png, algorithm: str = "eagle3") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -397,8 +397,8 @@ def plot_curves(metrics: list[dict], out_png) -> None:
         ax_loss.plot(epochs, [m[split].get("loss_epoch") for m in metrics], style, marker="o", label=split)
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
     ax_loss.legend()
-    val = [position_accuracies(m["val"]) for m in metrics]
-    train = [position_accuracies(m["train"]) for m in metrics]
+    val = [position_accuracies(m["val"], algorithm) for m in metrics]
+    train = [position_accuracies(m["train"], algorithm) for m in metrics]
     for p in sorted({p for v in val for p in v}):
         (line,) = ax_acc.plot(
             epochs,
@@ -540,7 +540,7 @@ def train_stage(
     if kept is not None:
         summary["hidden_states_kept"] = len(list(kept.glob("hs_*.safetensors")))
     write_json(out_metrics, summary)
-    plot_curves(metrics, out_curves)
+    plot_curves(metrics, out_curves, draft_algorithm(dcfg))
     prune_after_training(work, save_path, out_checkpoint)
     return summary
 
