@@ -1,5 +1,6 @@
 """Sweeps: variants planned from the config, nested data subsets, the trainer's estimate of
-served acceptance, the data-scaling fit, and a real two-variant sweep on the default run."""
+served acceptance, the data-scaling fit, and a real two-variant sweep (P-EAGLE and DFlash) on
+the default run."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import math
 import pandas as pd
 import pytest
 from conftest import default_config, job_timeline, planned_jobs, snakemake, write_config
+from safetensors.torch import load_file
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.draft.config import draft_parameter_count
 from eaglenest.report.variant_comparison import compare_stage, fit_data_scaling, validation_estimate
 from eaglenest.training.sweep import plan_variants, train_hp, training_subset
 
@@ -277,19 +280,22 @@ def test_an_unknown_sweep_setting_stops_the_workflow_naming_it(tmp_path):
 
 
 @pytest.mark.engine
-def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_in_parallel(default_run):
-    """A real two-variant sweep on the shared default run: EAGLE-3 and P-EAGLE (the minute-scale
-    P-EAGLE smoke run of the README's "Drafters"), one epoch on a quarter of the rows and a
-    smaller draft vocabulary, through training, export and vLLM's evaluation, on the run's own
-    hidden states. Here, after test_pipeline.py: it adds server starts to the shared run, which
-    that file counts."""
+def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_and_dflash_in_parallel(
+    default_run,
+):
+    """A real two-variant sweep on the shared default run: P-EAGLE and DFlash (the minute-scale
+    smoke runs of the README's "Drafters"), one epoch on a quarter of the rows and a smaller
+    draft vocabulary, through training, export and vLLM's evaluation, on the run's own hidden
+    states, beside the run's own EAGLE-3 draft. Here, after test_pipeline.py: it adds server
+    starts to the shared run, which that file counts."""
     workdir, run_dir = default_run["workdir"], default_run["run_dir"]
     cfg = copy.deepcopy(default_run["config"])
     cfg["sweep"] = {
         "data_fraction": [0.25],
         "draft_vocab_size": [256],
         "epochs": [1],
-        "algorithm": ["eagle3", "p_eagle"],
+        "draft_layers": [2],  # DFlash's second layer is the one vLLM's CPU kernel got wrong (vllm_cpu_dflash)
+        "algorithm": ["p_eagle", "dflash"],
     }
     configfile = write_config(workdir, cfg, "sweep.yaml")
     upstream = [
@@ -318,40 +324,50 @@ def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_i
     assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(gpu_jobs))
     assert {p: p.stat().st_mtime_ns for p in upstream} == stamps
 
-    names = ["frac0.25-vocab256-epochs1-eagle3", "frac0.25-vocab256-epochs1-p_eagle"]
-    exported = {}
+    names = ["frac0.25-vocab256-layers2-epochs1-p_eagle", "frac0.25-vocab256-layers2-epochs1-dflash"]
+    exported, masks, servers = {}, {}, {}
+    server_logs = list((run_dir / ".eaglenest" / "server").glob("server-*.log"))
     for name in names:
         variant = run_dir / "variants" / name
         exported[name] = json.loads((variant / "draft" / "config.json").read_text())
         assert exported[name]["draft_vocab_size"] == 256
+        assert exported[name]["transformer_layer_config"]["num_hidden_layers"] == 2
         acc = json.loads((variant / "eval" / "acceptance.json").read_text())
         assert acc["draft"]["lossless"] is True and acc["draft"]["num_drafts"] > 0
-    assert exported[names[0]]["speculators_model_type"] == "eagle3"
+        masks[name] = json.loads((variant / "draft_config.json").read_text())["eaglenest"]["mask_token"]
+        assert exported[name]["mask_token_id"] == masks[name]["id"]
+        (servers[name],) = [f for f in server_logs if f"{variant}/draft" in f.read_text(errors="replace")]
 
-    # P-EAGLE: its resolved mask token and depth in the export, and the server evaluation
-    # started for it asked vLLM for parallel drafting, and vLLM took it.
-    p_eagle = run_dir / "variants" / names[1]
-    mask = json.loads((p_eagle / "draft_config.json").read_text())["eaglenest"]["mask_token"]
-    config = exported[names[1]]
-    assert config["speculators_model_type"] == "peagle" and config["mask_token_id"] == mask["id"]
+    # P-EAGLE: its depth in the export, and the server evaluation started for it asked vLLM for
+    # parallel drafting, and vLLM took it.
+    p_eagle, dflash = (exported[n] for n in names)
+    assert p_eagle["speculators_model_type"] == "peagle"
     depths = cfg["draft"]["p_eagle"]["num_depths"]
-    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
-    (log,) = [
-        f
-        for f in (run_dir / ".eaglenest" / "server").glob("server-*.log")
-        if f"{p_eagle}/draft" in f.read_text(errors="replace")
-    ]
-    assert "'parallel_drafting': True" in log.read_text(errors="replace")
+    assert p_eagle["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == depths
+    assert "'parallel_drafting': True" in servers[names[0]].read_text(errors="replace")
+
+    # DFlash: a block of k + 1 slots trained non-causal, served by vLLM's dflash method; its
+    # folder holds exactly the weights draft_parameter_count counts (no embedding: the target's).
+    k = cfg["evaluate"]["num_speculative_tokens"]
+    assert dflash["speculators_model_type"] == "dflash" and dflash["block_size"] == k + 1
+    assert dflash["sliding_window_non_causal"] is True and dflash["sample_from_anchor"] is False
+    assert dflash["aux_hidden_state_layer_ids"] == p_eagle["eagle_aux_hidden_state_layer_ids"]
+    assert "'method': 'dflash'" in servers[names[1]].read_text(errors="replace")
+    weights = load_file(run_dir / "variants" / names[1] / "draft" / "model.safetensors")
+    assert "embed_tokens.weight" not in weights
+    draft_config = json.loads((run_dir / "variants" / names[1] / "draft_config.json").read_text())
+    floats = sum(w.numel() for w in weights.values() if w.is_floating_point())
+    assert floats == draft_parameter_count(draft_config)
 
     table = pd.read_csv(run_dir / "sweep" / "comparison.csv")
-    base = f"frac1-vocab{cfg['vocab']['draft_vocab_size']}-epochs{cfg['train']['epochs']}-eagle3"
+    base = f"frac1-vocab{cfg['vocab']['draft_vocab_size']}-layers{cfg['train']['draft_layers']}-epochs{cfg['train']['epochs']}-eagle3"
     assert list(table["variant"]) == [base, *names]
-    assert list(table["algorithm"]) == ["eagle3", "eagle3", "p_eagle"]
+    assert list(table["algorithm"]) == ["eagle3", "p_eagle", "dflash"]
     base_rows = table["train_rows"].iloc[0]
     assert all(0 < r < base_rows / 2 for r in table["train_rows"].iloc[1:])
-    assert table["tokens_per_step"].between(1, cfg["evaluate"]["num_speculative_tokens"] + 1).all()
-    # speculators' P-EAGLE records no conditional accuracy: no trainer's estimate for it.
-    assert table["val_estimate_tokens_per_draft"].isna().tolist() == [False, False, True]
+    assert table["tokens_per_step"].between(1, k + 1).all()
+    # speculators' parallel drafters record no conditional accuracy: no trainer's estimate for them.
+    assert table["val_estimate_tokens_per_draft"].isna().tolist() == [False, True, True]
 
     assert planned_jobs(snakemake(workdir, configfile, "-n")) == {}
     report = workdir / "sweep_report.html"
