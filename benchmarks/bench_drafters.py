@@ -1,0 +1,161 @@
+"""EAGLE-3, P-EAGLE and DFlash on one target and one dataset, back to back.
+
+Runs the workflow with `sweep: {algorithm: [eagle3, p_eagle, dflash]}` on the given config (the
+run itself is built first if it is missing), so the three drafts train on the same hidden
+states; P-EAGLE is trained to `max(--k)` depths and DFlash on blocks of `max(--k) + 1` slots, so
+each can be served at every k asked. Then each draft is served on the run's held-out prompts,
+greedy, with evaluation's own code (`eaglenest.evaluation.evaluate.evaluate_method`), at each k,
+and the target alone once. Prints one table: per algorithm the training wall time (its
+`train_draft` benchmark file), tokens per target step at k = 3 and at its best k, per-position
+acceptance at that k, output tokens/s against no speculation, and whether the outputs equal no
+speculation's token for token.
+
+A DFlash block trained on max(k) + 1 slots and served with fewer drafts holds fewer slots than
+it was trained on (its attention spans the block), so its figures below max(k) are a lower
+bound; a run's own evaluation trains the block it serves (`draft.dflash.block_size` null).
+
+Usage: python benchmarks/bench_drafters.py --workdir DIR [--configfile config/config.yaml]
+         [--k 1 2 3 5 7] [--cores 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ALGORITHMS = ("eagle3", "p_eagle", "dflash")
+
+
+def sweep_config(cfg: dict, ks: list[int]) -> dict:
+    """The config with the algorithm sweep, each drafter able to propose max(ks) tokens."""
+    cfg = copy.deepcopy(cfg)
+    cfg["sweep"] = {"algorithm": list(ALGORITHMS)}
+    cfg.setdefault("draft", {}).setdefault("p_eagle", {})["num_depths"] = max(max(ks), 2)
+    cfg["draft"].setdefault("dflash", {})["block_size"] = max(ks) + 1
+    return cfg
+
+
+def train_seconds(benchmark_tsv: Path) -> float:
+    with benchmark_tsv.open() as f:
+        return float(next(csv.DictReader(f, delimiter="\t"))["s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--workdir", type=Path, required=True, help="the run's working directory (built if missing)"
+    )
+    ap.add_argument("--configfile", type=Path, default=REPO / "config" / "config.yaml")
+    ap.add_argument(
+        "--k", type=int, nargs="+", default=[1, 2, 3, 5, 7], help="draft tokens per step to serve"
+    )
+    ap.add_argument("--cores", default="all")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    ks = sorted(set(args.k) | {3})
+
+    from eaglenest.draft.algorithms import DISPLAY_NAMES, folder_algorithm, vllm_speculative_config
+    from eaglenest.engine.server import ServerSpec, start, stop_pid
+    from eaglenest.evaluation.evaluate import evaluate_method, load_eval_prompts
+    from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
+    from eaglenest.target.resolve import load_target
+    from eaglenest.training.sweep import plan_variants
+
+    cfg = sweep_config(yaml.safe_load(args.configfile.read_text()), ks)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    configfile = args.workdir / "bench_drafters.yaml"
+    configfile.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+         str(args.workdir), "--configfile", str(configfile), "--cores", str(args.cores)],
+        check=True,
+    )  # fmt: skip
+
+    run_dir = args.workdir / cfg["run_dir"]
+    drafts = {}  # algorithm -> (draft folder, training benchmark file)
+    for variant in plan_variants(cfg):
+        own = variant.settings["algorithm"] == cfg["draft"]["algorithm"]
+        folder = run_dir if own else run_dir / "variants" / variant.name
+        tsv = (
+            run_dir
+            / "benchmarks"
+            / ("train_draft.tsv" if own else f"variants/{variant.name}/train_draft.tsv")
+        )
+        drafts[folder_algorithm(folder / "draft")] = (folder / "draft", tsv)
+    target = load_target(run_dir / "target.json").path
+    prompts = load_eval_prompts(run_dir / "prompts" / "eval_prompts.jsonl")
+    gen = {
+        "max_tokens": cfg["evaluate"]["max_tokens"],
+        "concurrency": cfg["evaluate"]["concurrency"],
+        "stall_timeout_s": 600,
+    }
+    base = list(vllm_base_args(cfg["vllm"], cfg["target"]))
+    print(f"{len(prompts)} held-out prompts, max_tokens {gen['max_tokens']}, greedy, k in {ks}")
+
+    def serve(spec: dict | None, k: int, tmp: Path, label: str) -> tuple[dict, dict]:
+        extra = [] if spec is None else ["--speculative-config", json.dumps(spec)]
+        server = start(
+            ServerSpec(model=target, args=tuple(base + extra), env=vllm_env(cfg["vllm"])),
+            tmp,
+            tmp / f"{label}.log",
+            timeout_s=cfg["vllm"]["startup_timeout_s"],
+        )
+        try:
+            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=spec is not None, **gen)
+        finally:
+            stop_pid(server.pid)
+        return result, {o["id"]: o["token_ids"] for o in outs}
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-drafters-", dir="/tmp") as tmp:
+        tmp = Path(tmp)
+        plain, reference = serve(None, 1, tmp, "no_spec")
+        print(f"no speculation: {plain['output_tokens_per_s']:.1f} output tok/s")
+        for algorithm in ALGORITHMS:
+            folder, tsv = drafts[algorithm]
+            by_k = {}
+            for k in ks:
+                result, texts = serve(
+                    vllm_speculative_config(algorithm, str(folder), k), k, tmp, f"{algorithm}-k{k}"
+                )
+                result["equal"] = sum(texts[i] == reference[i] for i in reference) / len(reference)
+                by_k[k] = result
+                print(
+                    f"{algorithm:<8} k={k}: {result['mean_acceptance_length']:.3f} tokens/step, per position "
+                    f"{' / '.join(f'{p:.2f}' for p in result['per_position_acceptance'])}, "
+                    f"{result['output_tokens_per_s']:.1f} tok/s, outputs equal {result['equal']:.0%}",
+                    flush=True,
+                )
+            rows.append((algorithm, train_seconds(tsv), by_k))
+
+    print(
+        "\n| drafter | training s | tokens/step k=3 | best k | tokens/step | per-position acceptance at best k "
+        "| tok/s k=3 (x no spec) | tok/s best k (x no spec) | outputs = no spec |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    speed = plain["output_tokens_per_s"]
+    for algorithm, seconds, by_k in rows:
+        best = max(by_k, key=lambda k: by_k[k]["mean_acceptance_length"])
+        at3, top = by_k[3], by_k[best]
+        equal = min(r["equal"] for r in by_k.values())
+        print(
+            f"| {DISPLAY_NAMES[algorithm]} | {seconds:.0f} | {at3['mean_acceptance_length']:.2f} | {best} | "
+            f"{top['mean_acceptance_length']:.2f} | {' / '.join(f'{p:.2f}' for p in top['per_position_acceptance'])} | "
+            f"{at3['output_tokens_per_s']:.1f} ({at3['output_tokens_per_s'] / speed:.2f}x) | "
+            f"{top['output_tokens_per_s']:.1f} ({top['output_tokens_per_s'] / speed:.2f}x) | {equal:.0%} of prompts |"
+        )
+    print(f"no speculation: {speed:.1f} output tok/s")
+
+
+if __name__ == "__main__":
+    main()
