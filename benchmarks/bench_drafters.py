@@ -15,7 +15,7 @@ it was trained on (its attention spans the block), so its figures below max(k) a
 bound; a run's own evaluation trains the block it serves (`draft.dflash.block_size` null).
 
 Usage: python benchmarks/bench_drafters.py --workdir DIR [--configfile config/config.yaml]
-         [--k 1 2 3 5 7] [--cores 2]
+         [--k 1 2 3 5 7] [--epochs N] [--cores 2]
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("eagle3", "p_eagle", "dflash")
 
 
-def sweep_config(cfg: dict, ks: list[int]) -> dict:
-    """The config with the algorithm sweep, each drafter able to propose max(ks) tokens."""
+def sweep_config(cfg: dict, ks: list[int], epochs: int | None) -> dict:
+    """The config with the algorithm sweep, each drafter able to propose max(ks) tokens, and
+    every draft (the run's own EAGLE-3 too) trained `epochs` epochs when given."""
     cfg = copy.deepcopy(cfg)
     cfg["sweep"] = {"algorithm": list(ALGORITHMS)}
+    if epochs is not None:
+        cfg["train"]["epochs"] = epochs
     cfg.setdefault("draft", {}).setdefault("p_eagle", {})["num_depths"] = max(max(ks), 2)
     cfg["draft"].setdefault("dflash", {})["block_size"] = max(ks) + 1
     return cfg
@@ -59,6 +62,7 @@ def main() -> None:
     ap.add_argument(
         "--k", type=int, nargs="+", default=[1, 2, 3, 5, 7], help="draft tokens per step to serve"
     )
+    ap.add_argument("--epochs", type=int, help="epochs of every draft (default: the config's train.epochs)")
     ap.add_argument("--cores", default="all")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,7 +75,7 @@ def main() -> None:
     from eaglenest.target.resolve import load_target
     from eaglenest.training.sweep import plan_variants
 
-    cfg = sweep_config(yaml.safe_load(args.configfile.read_text()), ks)
+    cfg = sweep_config(yaml.safe_load(args.configfile.read_text()), ks, args.epochs)
     args.workdir.mkdir(parents=True, exist_ok=True)
     configfile = args.workdir / "bench_drafters.yaml"
     configfile.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -100,7 +104,10 @@ def main() -> None:
         "stall_timeout_s": 600,
     }
     base = list(vllm_base_args(cfg["vllm"], cfg["target"]))
-    print(f"{len(prompts)} held-out prompts, max_tokens {gen['max_tokens']}, greedy, k in {ks}")
+    print(
+        f"{len(prompts)} held-out prompts, max_tokens {gen['max_tokens']}, greedy, k in {ks}, "
+        f"{cfg['train']['epochs']} epochs each"
+    )
 
     def serve(spec: dict | None, k: int, tmp: Path, label: str) -> tuple[dict, dict]:
         extra = [] if spec is None else ["--speculative-config", json.dumps(spec)]
