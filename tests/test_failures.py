@@ -528,7 +528,7 @@ def test_contract_d2t_disagrees_with_t2d(tmp_path):
     assert f"d2t offsets do not point at the ids t2d selects ({f['t2d_npy']})" in msg
 
 
-def write_checkpoint(tmp_path: Path, *, aux=AUX, d2t=None) -> Path:
+def write_checkpoint(tmp_path: Path, *, aux=AUX, d2t=None, mapping=True) -> Path:
     from safetensors.torch import save_file
 
     ckpt = tmp_path / "checkpoint"
@@ -536,10 +536,8 @@ def write_checkpoint(tmp_path: Path, *, aux=AUX, d2t=None) -> Path:
     t2d = torch.zeros(TARGET_VOCAB, dtype=torch.bool)
     t2d[torch.from_numpy(SELECTED)] = True
     d2t = torch.as_tensor(SELECTED - np.arange(DRAFT_VOCAB) if d2t is None else d2t, dtype=torch.int64)
-    save_file(
-        {"t2d": t2d, "d2t": d2t, "fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN)},
-        str(ckpt / "model.safetensors"),
-    )
+    weights = {"t2d": t2d, "d2t": d2t} if mapping else {}
+    save_file({**weights, "fc.weight": torch.zeros(HIDDEN, 3 * HIDDEN)}, str(ckpt / "model.safetensors"))
     (ckpt / "config.json").write_text(
         json.dumps(
             {
@@ -578,6 +576,16 @@ def test_export_checkpoint_d2t_differs_from_vocab_stage(tmp_path):
     ckpt = write_checkpoint(tmp_path, d2t=[0, 2, 5, 8])
     msg = run_export(tmp_path, ckpt, f)
     assert msg == f"{ckpt}: d2t in the checkpoint differs from {f['d2t_pt']}"
+
+
+def test_export_refuses_a_reduced_vocabulary_checkpoint_without_its_mapping(tmp_path):
+    f = write_contract_inputs(tmp_path)
+    ckpt = write_checkpoint(tmp_path, mapping=False)
+    msg = run_export(tmp_path, ckpt, f)
+    assert msg == (
+        f"{ckpt / 'model.safetensors'}: no t2d or d2t tensor in the checkpoint, whose draft "
+        f"vocabulary of {DRAFT_VOCAB} ids is not the target's {TARGET_VOCAB}"
+    )
 
 
 def test_export_checkpoint_aux_ids_differ_from_draft_config(tmp_path):
