@@ -4,7 +4,8 @@ Runs the workflow with `sweep: {algorithm: [eagle3, p_eagle, dflash]}` on the gi
 run itself is built first if it is missing), so the three drafts train on the same hidden
 states; P-EAGLE is trained to `max(--k)` depths and DFlash on blocks of `max(--k) + 1` slots, so
 each can be served at every k asked. Then each draft is served on the run's held-out prompts,
-greedy, with evaluation's own code (`eaglenest.evaluation.evaluate.evaluate_method`), at each k,
+greedy, with evaluation's own code (`eaglenest.evaluation.evaluate`: the server a draft is
+evaluated on, `method_spec`, and `evaluate_method`), at each k,
 and the target alone once. Prints one table: per algorithm the training wall time (its
 `train_draft` benchmark file), tokens per target step at k = 3 and at its best k, per-position
 acceptance at that k, output tokens/s against no speculation, and whether the outputs equal no
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
-import json
 import os
 import subprocess
 import sys
@@ -48,11 +47,6 @@ def sweep_config(cfg: dict, ks: list[int], epochs: int | None) -> dict:
     return cfg
 
 
-def train_seconds(benchmark_tsv: Path) -> float:
-    with benchmark_tsv.open() as f:
-        return float(next(csv.DictReader(f, delimiter="\t"))["s"])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -68,10 +62,11 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ks = sorted(set(args.k) | {3})
 
-    from eaglenest.draft.algorithms import DISPLAY_NAMES, folder_algorithm, vllm_speculative_config
-    from eaglenest.engine.server import ServerSpec, start, stop_pid
-    from eaglenest.evaluation.evaluate import evaluate_method, load_eval_prompts
+    from eaglenest.draft.algorithms import DISPLAY_NAMES, folder_algorithm
+    from eaglenest.engine.server import start, stop_pid
+    from eaglenest.evaluation.evaluate import evaluate_method, load_eval_prompts, method_spec
     from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
+    from eaglenest.report.summary import read_benchmark
     from eaglenest.target.resolve import load_target
     from eaglenest.training.sweep import plan_variants
 
@@ -103,22 +98,19 @@ def main() -> None:
         "concurrency": cfg["evaluate"]["concurrency"],
         "stall_timeout_s": 600,
     }
-    base = list(vllm_base_args(cfg["vllm"], cfg["target"]))
+    base, env = tuple(vllm_base_args(cfg["vllm"], cfg["target"])), vllm_env(cfg["vllm"])
     print(
         f"{len(prompts)} held-out prompts, max_tokens {gen['max_tokens']}, greedy, k in {ks}, "
         f"{cfg['train']['epochs']} epochs each"
     )
 
-    def serve(spec: dict | None, k: int, tmp: Path, label: str) -> tuple[dict, dict]:
-        extra = [] if spec is None else ["--speculative-config", json.dumps(spec)]
-        server = start(
-            ServerSpec(model=target, args=tuple(base + extra), env=vllm_env(cfg["vllm"])),
-            tmp,
-            tmp / f"{label}.log",
-            timeout_s=cfg["vllm"]["startup_timeout_s"],
-        )
+    def serve(draft: Path | None, k: int, tmp: Path, label: str) -> tuple[dict, dict]:
+        """Evaluation's own server for `draft` (None: no speculation), then its answers."""
+        method = "no_spec" if draft is None else "draft"
+        spec = method_spec(method, target, base, env, k=k, draft_dir=draft)
+        server = start(spec, tmp, tmp / f"{label}.log", timeout_s=cfg["vllm"]["startup_timeout_s"])
         try:
-            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=spec is not None, **gen)
+            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=draft is not None, **gen)
         finally:
             stop_pid(server.pid)
         return result, {o["id"]: o["token_ids"] for o in outs}
@@ -132,9 +124,7 @@ def main() -> None:
             folder, tsv = drafts[algorithm]
             by_k = {}
             for k in ks:
-                result, texts = serve(
-                    vllm_speculative_config(algorithm, str(folder), k), k, tmp, f"{algorithm}-k{k}"
-                )
+                result, texts = serve(folder, k, tmp, f"{algorithm}-k{k}")
                 result["equal"] = sum(texts[i] == reference[i] for i in reference) / len(reference)
                 by_k[k] = result
                 print(
@@ -143,7 +133,7 @@ def main() -> None:
                     f"{result['output_tokens_per_s']:.1f} tok/s, outputs equal {result['equal']:.0%}",
                     flush=True,
                 )
-            rows.append((algorithm, train_seconds(tsv), by_k))
+            rows.append((algorithm, read_benchmark(tsv)["s"], by_k))
 
     print(
         "\n| drafter | training s | tokens/step k=3 | best k | tokens/step | per-position acceptance at best k "

@@ -16,7 +16,7 @@ import torch
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json
-from eaglenest.draft.algorithms import SPECULATOR_TYPES, aux_layer_ids_of, draft_algorithm
+from eaglenest.draft.algorithms import SPECULATOR_TYPES, aux_layer_ids_of, draft_algorithm, is_parallel
 from eaglenest.evaluation.model_card import model_card
 
 log = logging.getLogger(__name__)
@@ -37,25 +37,24 @@ def check_algorithm(cfg: dict, weights: dict, draft_config: dict, hp: dict, sour
             f"speculators_model_type {cfg.get('speculators_model_type')!r}, not {SPECULATOR_TYPES[algorithm]!r} "
             f"(draft.algorithm {algorithm})"
         )
-    if algorithm == "p_eagle":
+    if is_parallel(algorithm):
         mask = draft_config["eaglenest"]["mask_token"]["id"]
         if cfg.get("mask_token_id") != mask:
             problems.append(f"mask_token_id {cfg.get('mask_token_id')}, not the run's {mask}")
+        # The k it was trained to propose (EAGLE-3's is the server's choice).
+        tokens = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    if algorithm == "p_eagle":
         problems += [
             f"no {name} tensor" for name in ("embed_tokens.weight", "mask_hidden") if name not in weights
         ]
-        depth = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-        if depth != hp["p_eagle"]["num_depths"]:
+        if tokens != hp["p_eagle"]["num_depths"]:
             problems.append(
-                f"speculative_tokens {depth}, not draft.p_eagle.num_depths {hp['p_eagle']['num_depths']}"
+                f"speculative_tokens {tokens}, not draft.p_eagle.num_depths {hp['p_eagle']['num_depths']}"
             )
     if algorithm == "dflash":
-        mask, block = draft_config["eaglenest"]["mask_token"]["id"], hp["dflash"]["block_size"]
-        if cfg.get("mask_token_id") != mask:
-            problems.append(f"mask_token_id {cfg.get('mask_token_id')}, not the run's {mask}")
+        block = hp["dflash"]["block_size"]
         if cfg.get("block_size") != block:
             problems.append(f"block_size {cfg.get('block_size')}, not draft.dflash.block_size {block}")
-        tokens = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         if tokens != cfg.get("block_size", 0) - 1:
             problems.append(
                 f"speculative_tokens {tokens}, not block_size - 1 = {cfg.get('block_size', 0) - 1}"
