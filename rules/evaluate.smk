@@ -97,7 +97,7 @@ rule run_summary:
     benchmark:
         f"{RUN}/benchmarks/run_summary.tsv"
     params:
-        lr=config["train"]["lr"],
+        lr=train_settings(config)["lr"],
         code=code_hash("run_summary"),
     script:
         "../scripts/run_summary.py"

@@ -267,6 +267,32 @@ def test_dflash_flags_are_ones_speculators_own_resolver_reads_back():
     assert explicit == 8
 
 
+def test_a_dflash_draft_trains_at_its_own_lr_and_a_swept_lr_trains_every_algorithm():
+    """draft.dflash.lr is the rate speculators' optimizer gets (not a flag of the drafter's own),
+    an EAGLE-3 variant of the same sweep keeps train.lr, null falls back to train.lr, and a
+    swept lr is the rate of every variant it names."""
+    from speculators.train.config import TrainConfig
+
+    from eaglenest.training.train import trainer_args
+
+    cfg = with_dflash(lr=0.0005)
+    train_lr = cfg["train"]["lr"]
+    assert train_lr != 0.0005
+    hp = train_settings(cfg)
+    assert hp["lr"] == 0.0005 and "lr" not in hp["dflash"]
+    resolved = TrainConfig.resolve(
+        trainer_args(**trainer_inputs(), cpu=True, hp=hp, algorithm="dflash", mask_token_id=9)
+    )
+    assert resolved.optimizer.lr == 0.0005
+    cfg["sweep"] = {"algorithm": ["eagle3", "dflash"]}
+    by_name = {v.name: train_hp(cfg, v.settings) for v in plan_variants(cfg)}
+    assert (by_name["dflash"]["lr"], by_name["eagle3"]["lr"]) == (0.0005, train_lr)
+    cfg["sweep"] = {"algorithm": ["eagle3", "dflash"], "lr": [0.002]}
+    swept = {v.name: train_hp(cfg, v.settings)["lr"] for v in plan_variants(cfg) if not v.is_base}
+    assert swept == {"lr0.002-eagle3": 0.002, "lr0.002-dflash": 0.002}
+    assert train_settings(with_dflash(lr=None))["lr"] == train_lr
+
+
 def test_dflash_is_served_by_vllms_own_method():
     assert vllm_speculative_config("dflash", "/d", 3) == {
         "method": "dflash",

@@ -63,15 +63,28 @@ def aux_layer_ids_of(checkpoint_cfg: dict) -> list[int] | None:
     return checkpoint_cfg.get(AUX_LAYER_KEYS.get(algorithm, "eagle_aux_hidden_state_layer_ids"))
 
 
+# Keys of an algorithm's section that override a `train` setting instead of naming a flag of
+# speculators' drafter (see algorithm_lr).
+TRAIN_OVERRIDES = ("lr",)
+
+
 def algorithm_settings(config: dict, algorithm: str) -> dict:
-    """The config's settings of `algorithm`, the section named after it (draft.p_eagle); EAGLE-3
-    has none ({}). A DFlash block size left unset is the evaluated k + 1 (the anchor and k
-    mask slots), so the block trained is the block served; it is resolved here, so changing k
-    retrains such a draft."""
-    settings = dict(config["draft"].get(algorithm) or {})
+    """The config's settings of `algorithm`, the section named after it (draft.p_eagle), less its
+    train overrides; EAGLE-3 has none ({}). A DFlash block size left unset is the evaluated
+    k + 1 (the anchor and k mask slots), so the block trained is the block served; it is
+    resolved here, so changing k retrains such a draft."""
+    section = config["draft"].get(algorithm) or {}
+    settings = {key: value for key, value in section.items() if key not in TRAIN_OVERRIDES}
     if algorithm == "dflash" and settings.get("block_size") is None:
         settings["block_size"] = config["evaluate"]["num_speculative_tokens"] + 1
     return settings
+
+
+def algorithm_lr(config: dict, algorithm: str) -> float:
+    """The learning rate a draft of `algorithm` trains at: its section's `lr` where set (DFlash
+    does not learn at EAGLE-3's rate on the default target), else train.lr."""
+    own = (config["draft"].get(algorithm) or {}).get("lr")
+    return config["train"]["lr"] if own is None else own
 
 
 def trainer_flags(algorithm: str, settings: dict, mask_token_id: int | None) -> list[str]:

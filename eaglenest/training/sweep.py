@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.draft.algorithms import algorithm_settings
+from eaglenest.draft.algorithms import algorithm_lr, algorithm_settings
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +105,25 @@ def train_settings(config: dict, algorithm: str | None = None) -> dict:
     residual, so a draft exported to it trains with norm_before_residual false; only then is the
     key added, so a vLLM-only run's training spec stays what it was). `algorithm` (the run's
     draft.algorithm when None): a drafter other than eagle3 adds its own settings, under its
-    name, so an EAGLE-3 spec stays what it was too."""
+    name, so an EAGLE-3 spec stays what it was too, and trains at its own lr where it has one."""
     hp = dict(config["train"])
     if "sglang" in config["export"]["engines"]:
         hp["norm_before_residual"] = False
     algorithm = algorithm or config["draft"]["algorithm"]
+    hp["lr"] = algorithm_lr(config, algorithm)
     if algorithm != "eagle3":
         hp[algorithm] = algorithm_settings(config, algorithm)
     return hp
 
 
 def train_hp(config: dict, settings: dict) -> dict:
-    """The `train` params of a variant: the run's own, with the variant's settings."""
+    """The `train` params of a variant: the run's own, with the variant's settings. A swept lr
+    trains every algorithm at that value; otherwise each keeps its own (algorithm_lr)."""
     hp = train_settings(config, settings["algorithm"])
-    for key in ("ttt_steps", "draft_layers", "epochs", "lr"):
+    for key in ("ttt_steps", "draft_layers", "epochs"):
         hp[key] = settings[key]
+    if "lr" in swept_keys(config.get("sweep")):
+        hp["lr"] = settings["lr"]
     hp["data_fraction"] = settings["data_fraction"]
     return hp
 
