@@ -54,7 +54,8 @@ def test_a_behaviour_edit_in_any_module_a_stage_reaches_reruns_it(tmp_path):
 
 
 def test_a_damaged_facts_cache_gives_the_same_hashes(tmp_path):
-    """The facts cache only saves time: one left half-written or wrong is read past."""
+    """The facts cache only saves time: one left half-written or wrong is read past, and a file
+    that is gone (a test's temporary module) leaves it at its next save."""
     clone = fresh_clone(tmp_path / "clone")
     before = hashes_in(clone)
     (cache,) = (clone / "eaglenest" / "__pycache__").glob("code-facts.*.json")
@@ -66,6 +67,13 @@ def test_a_damaged_facts_cache_gives_the_same_hashes(tmp_path):
         cache.write_text(damaged)
         assert hashes_in(clone) == before
         assert all(f["sha256"] != 0 for f in json.loads(cache.read_text()).values())  # mended
+    gone = str(tmp_path / "gone.py")
+    facts = json.loads(cache.read_text())
+    cache.write_text(
+        json.dumps({**facts, next(iter(facts)): {"sha256": 0}, gone: next(iter(facts.values()))})
+    )
+    assert hashes_in(clone) == before
+    assert gone not in json.loads(cache.read_text())
 
 
 def test_docstrings_comments_and_layout_rerun_nothing(tmp_path):

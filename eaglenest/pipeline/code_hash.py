@@ -82,7 +82,9 @@ def _save_facts_cache() -> None:
     tmp = FACTS_CACHE.with_name(f"{FACTS_CACHE.name}.{os.getpid()}.tmp")
     try:
         FACTS_CACHE.parent.mkdir(exist_ok=True)
-        tmp.write_text(json.dumps(_facts_cache()))
+        # Files gone since (a test's temporary module, a renamed one) leave with this save.
+        kept = {path: facts for path, facts in _facts_cache().items() if Path(path).is_file()}
+        tmp.write_text(json.dumps(kept))
         os.replace(tmp, FACTS_CACHE)  # whole or not at all, with other processes planning too
     except OSError:
         tmp.unlink(missing_ok=True)
