@@ -290,6 +290,7 @@ def test_a_dflash_draft_trains_at_its_own_lr_and_a_swept_lr_trains_every_algorit
     cfg["sweep"] = {"algorithm": ["eagle3", "dflash"], "lr": [0.002]}
     swept = {v.name: train_hp(cfg, v.settings)["lr"] for v in plan_variants(cfg) if not v.is_base}
     assert swept == {"lr0.002-eagle3": 0.002, "lr0.002-dflash": 0.002}
+    assert [v.name for v in plan_variants(cfg) if v.is_base] == ["lr0.0005-dflash"]  # the rate it trains at
     assert train_settings(with_dflash(lr=None))["lr"] == train_lr
 
 

@@ -47,8 +47,13 @@ class Variant:
 
 
 def base_settings(config: dict) -> dict:
-    """The run's own value of each sweepable setting (data_fraction: all rows)."""
-    return {key: 1.0 if where is None else config[where[0]][where[1]] for key, (_, where) in SETTINGS.items()}
+    """The run's own value of each sweepable setting (data_fraction: all rows; lr: the rate its
+    own draft trains at, which may be its algorithm's own)."""
+    settings = {
+        key: 1.0 if where is None else config[where[0]][where[1]] for key, (_, where) in SETTINGS.items()
+    }
+    settings["lr"] = algorithm_lr(config, settings["algorithm"])
+    return settings
 
 
 def swept_keys(sweep: dict | None) -> list[str]:
