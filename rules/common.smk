@@ -17,7 +17,7 @@ from eaglenest.pipeline.run_guard import claim_run_folder, forward_sigterm_to_jo
 from eaglenest.evaluation.evaluate import METHODS as EVAL_METHODS
 from eaglenest.target.gguf import gguf_source
 from eaglenest.engine.server import WORKFLOW_PID_ENV, Lease
-from eaglenest.training.sweep import plan_variants, swept_keys, train_hp, train_settings
+from eaglenest.training.sweep import base_settings, plan_variants, swept_keys, train_hp, train_settings
 from eaglenest.target.resolve import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
 from eaglenest.pipeline.code_hash import code_hash
 from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
@@ -99,7 +99,7 @@ if SGLANG_EXPORT and not (BUILD_TINY or GGUF or TARGET_ON_HUB):
 # The drafters the run trains (its own and its sweep's), refused here when they cannot be
 # evaluated or exported as configured (eaglenest.draft.algorithms).
 try:
-    check_draft_plan(config, [config["draft"]["algorithm"], *[v.settings["algorithm"] for v in VARIANTS]])
+    check_draft_plan(config, [base_settings(config), *[v.settings for v in VARIANTS]])
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
 if HS_MODE != "offline" and config["vllm"]["device"] != "cpu":

@@ -39,7 +39,7 @@ rule draft_config:
     params:
         aux_layer_ids=config["hidden_states"]["aux_layer_ids"],
         draft_vocab_size=config["vocab"]["draft_vocab_size"],
-        draft_layers=config["train"]["draft_layers"],
+        draft_layers=train_settings(config)["draft_layers"],
         max_model_len=config["vllm"]["max_model_len"],
         sglang_export=SGLANG_EXPORT,
         algorithm=config["draft"]["algorithm"],

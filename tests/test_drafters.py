@@ -15,14 +15,22 @@ from conftest import default_config, snakemake, trainer_inputs, write_config
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.draft.algorithms import (
+    algorithm_train_value,
     check_draft_plan,
     position_accuracies,
     vllm_speculative_config,
 )
 from eaglenest.draft.mask_token import resolve_mask_token_id
-from eaglenest.training.sweep import plan_variants, train_hp, train_settings
+from eaglenest.training.sweep import base_settings, plan_variants, train_hp, train_settings
 
 P_EAGLE = {"num_depths": 4, "down_sample_ratio": 0.5, "down_sample_ratio_min": 0.1, "max_anchors": 64}
+
+
+def drafts(cfg: dict, *algorithms: str) -> list[dict]:
+    """check_draft_plan's drafts: each algorithm at the depth it trains with in `cfg`."""
+    return [
+        {"algorithm": a, "draft_layers": algorithm_train_value(cfg, a, "draft_layers")} for a in algorithms
+    ]
 
 
 def with_draft(algorithm: str, **p_eagle) -> dict:
@@ -194,9 +202,11 @@ def test_planning_refuses_more_tokens_than_depths_and_an_sglang_export_of_p_eagl
     assert "evaluate.num_speculative_tokens 3 exceeds draft.p_eagle.num_depths 2" in proc.stdout + proc.stderr
     sglang = copy.deepcopy(with_draft("eagle3"))
     sglang["export"]["engines"] = ["vllm", "sglang"]
-    check_draft_plan(sglang, ["eagle3", "p_eagle"])  # a sweep's variants are not exported to SGLang
+    check_draft_plan(
+        sglang, drafts(sglang, "eagle3", "p_eagle")
+    )  # a sweep's variants are not exported to SGLang
     with pytest.raises(EaglenestError, match="sglang, which has no export for a p_eagle draft"):
-        check_draft_plan(sglang, ["p_eagle", "eagle3"])
+        check_draft_plan(sglang, drafts(sglang, "p_eagle", "eagle3"))
 
 
 def write_p_eagle_checkpoint(tmp_path, *, mask_token_id=7, depth=4, mask_hidden=True):
@@ -235,7 +245,13 @@ def test_export_refuses_a_p_eagle_checkpoint_unlike_the_draft_config(tmp_path, c
         check_algorithm(cfg, weights, {"eaglenest": {}}, {}, "ckpt/config.json")
 
 
-DFLASH = {"block_size": None, "max_anchors": 32, "per_position_loss_weight": "dpace", "dpace_alpha": 0.5}
+DFLASH = {
+    "block_size": None,
+    "max_anchors": 32,
+    "per_position_loss_weight": "dpace",
+    "dpace_alpha": 0.5,
+    "draft_layers": 2,
+}
 
 
 def with_dflash(**dflash) -> dict:
@@ -294,6 +310,34 @@ def test_a_dflash_draft_trains_at_its_own_lr_and_a_swept_lr_trains_every_algorit
     assert train_settings(with_dflash(lr=None))["lr"] == train_lr
 
 
+def test_a_dflash_draft_trains_at_its_own_depth_and_one_layer_is_refused_before_any_stage(tmp_path):
+    """draft.dflash.draft_layers is the depth of its draft config (not train.draft_layers, which
+    an EAGLE-3 variant of the same sweep keeps), a swept draft_layers is every variant's, and a
+    one-layer DFlash draft (its own, train's through null, or a swept one) is refused at
+    planning: on the default target it stays near chance."""
+    cfg = with_dflash(draft_layers=3)
+    assert cfg["train"]["draft_layers"] == 1
+    assert train_settings(cfg)["draft_layers"] == 3 and "draft_layers" not in train_settings(cfg)["dflash"]
+    assert base_settings(cfg)["draft_layers"] == 3
+    cfg["sweep"] = {"algorithm": ["eagle3", "dflash"]}
+    layers = {
+        v.name: (v.settings["draft_layers"], train_hp(cfg, v.settings)["draft_layers"])
+        for v in plan_variants(cfg)
+    }
+    assert layers == {"dflash": (3, 3), "eagle3": (1, 1)}
+    cfg["sweep"] = {"algorithm": ["eagle3", "dflash"], "draft_layers": [1]}
+    swept = [v.settings for v in plan_variants(cfg)]
+    with pytest.raises(EaglenestError, match=r"a DFlash draft of 1 layer .* cannot learn"):
+        check_draft_plan(cfg, [base_settings(cfg), *swept])
+    # Through the workflow: train's one layer (null) is refused before any stage, naming the file.
+    one_layer = with_dflash(draft_layers=None)
+    proc = snakemake(tmp_path, write_config(tmp_path, one_layer), "-n", check=False)
+    assert proc.returncode != 0
+    assert "a DFlash draft of 1 layer" in proc.stdout + proc.stderr
+    assert "use at least 2" in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
 def test_dflash_is_served_by_vllms_own_method():
     assert vllm_speculative_config("dflash", "/d", 3) == {
         "method": "dflash",
@@ -312,13 +356,13 @@ def test_planning_refuses_more_tokens_than_a_dflash_block_holds():
     with pytest.raises(
         EaglenestError, match=r"num_speculative_tokens 3 exceeds draft.dflash.block_size 3 - 1"
     ):
-        check_draft_plan(with_dflash(block_size=3), ["dflash"])
-    check_draft_plan(with_dflash(block_size=4), ["dflash"])
-    check_draft_plan(with_dflash(), ["eagle3", "dflash"])
+        check_draft_plan(with_dflash(block_size=3), drafts(with_dflash(block_size=3), "dflash"))
+    check_draft_plan(with_dflash(block_size=4), drafts(with_dflash(block_size=4), "dflash"))
+    check_draft_plan(with_dflash(), drafts(with_dflash(), "eagle3", "dflash"))
     with pytest.raises(EaglenestError, match="sglang, which has no export for a dflash draft"):
         sglang = with_dflash()
         sglang["export"]["engines"] = ["vllm", "sglang"]
-        check_draft_plan(sglang, ["dflash"])
+        check_draft_plan(sglang, drafts(sglang, "dflash"))
 
 
 def test_a_dflash_draft_config_is_a_qwen3_decoder_with_full_attention_and_a_mask_token(

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.draft.algorithms import algorithm_lr, algorithm_settings
+from eaglenest.draft.algorithms import TRAIN_OVERRIDES, algorithm_settings, algorithm_train_value
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,23 @@ class Variant:
 
 
 def base_settings(config: dict) -> dict:
-    """The run's own value of each sweepable setting (data_fraction: all rows; lr: the rate its
-    own draft trains at, which may be its algorithm's own)."""
+    """The run's own value of each sweepable setting (data_fraction: all rows; lr and
+    draft_layers: what its own draft trains with, which may be its algorithm's own)."""
     settings = {
         key: 1.0 if where is None else config[where[0]][where[1]] for key, (_, where) in SETTINGS.items()
     }
-    settings["lr"] = algorithm_lr(config, settings["algorithm"])
-    return settings
+    return with_algorithm_overrides(config, settings, swept=())
+
+
+def with_algorithm_overrides(config: dict, settings: dict, swept) -> dict:
+    """`settings` with each train override (lr, draft_layers) that is not in `swept` set to the
+    value its algorithm trains with: a swept value trains every algorithm, an unswept one is
+    each algorithm's own, so a DFlash variant beside an EAGLE-3 run keeps DFlash's rate."""
+    resolved = dict(settings)
+    for key in TRAIN_OVERRIDES:
+        if key not in swept:
+            resolved[key] = algorithm_train_value(config, settings["algorithm"], key)
+    return resolved
 
 
 def swept_keys(sweep: dict | None) -> list[str]:
@@ -96,7 +106,7 @@ def plan_variants(config: dict) -> list[Variant]:
     variants = [Variant(variant_name(base, keys), base, is_base=True)]
     seen = {variant_name(base, keys)}
     for combo in combos:
-        settings = {**base, **combo}
+        settings = with_algorithm_overrides(config, {**base, **combo}, swept=combo)
         name = variant_name(settings, keys)
         if name not in seen:
             seen.add(name)
@@ -110,25 +120,25 @@ def train_settings(config: dict, algorithm: str | None = None) -> dict:
     residual, so a draft exported to it trains with norm_before_residual false; only then is the
     key added, so a vLLM-only run's training spec stays what it was). `algorithm` (the run's
     draft.algorithm when None): a drafter other than eagle3 adds its own settings, under its
-    name, so an EAGLE-3 spec stays what it was too, and trains at its own lr where it has one."""
+    name, so an EAGLE-3 spec stays what it was too, and trains at its own lr and depth where
+    it has them."""
     hp = dict(config["train"])
     if "sglang" in config["export"]["engines"]:
         hp["norm_before_residual"] = False
     algorithm = algorithm or config["draft"]["algorithm"]
-    hp["lr"] = algorithm_lr(config, algorithm)
+    for key in TRAIN_OVERRIDES:
+        hp[key] = algorithm_train_value(config, algorithm, key)
     if algorithm != "eagle3":
         hp[algorithm] = algorithm_settings(config, algorithm)
     return hp
 
 
 def train_hp(config: dict, settings: dict) -> dict:
-    """The `train` params of a variant: the run's own, with the variant's settings. A swept lr
-    trains every algorithm at that value; otherwise each keeps its own (algorithm_lr)."""
+    """The `train` params of a variant: the run's own, with the variant's settings (whose lr and
+    draft_layers plan_variants resolved: swept, or the variant's algorithm's own)."""
     hp = train_settings(config, settings["algorithm"])
-    for key in ("ttt_steps", "draft_layers", "epochs"):
+    for key in ("ttt_steps", "draft_layers", "epochs", "lr"):
         hp[key] = settings[key]
-    if "lr" in swept_keys(config.get("sweep")):
-        hp["lr"] = settings["lr"]
     hp["data_fraction"] = settings["data_fraction"]
     return hp
 
