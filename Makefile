@@ -26,12 +26,13 @@ test: env
 test-fast: env
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto tests -m "not engine and not slurm"
 
-# Lint, format and workflow checks (CI runs them before the tests), and a dry run of every
-# shipped config.
+# Lint, format, the package's layer contract (.importlinter) and workflow checks (CI runs them
+# before the tests), and a dry run of every shipped config.
 lint: env
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/snakefmt --check Snakefile rules
+	.venv/bin/lint-imports --no-cache
 	.venv/bin/python .ci/lint-workflow
 	@for c in config/*.yaml; do \
 	  HF_HUB_OFFLINE=1 $(SNAKEMAKE) -n --configfile $$c > .snakemake-dry-run.log 2>&1 \
