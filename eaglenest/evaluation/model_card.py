@@ -1,6 +1,7 @@
 """The model card (README.md) each export folder carries, as the Hugging Face hub reads one: YAML
 metadata (base model, library, tags), then the target, the data, the training settings, the
-command that serves the draft, and the acceptance measured so far.
+library versions it was trained with, the command that serves the draft, and the acceptance
+measured so far.
 
 Export runs before evaluation, so the acceptance here is the trainer's own: each draft
 position's accuracy on the held-out validation rows at the last epoch. The served figures
@@ -43,6 +44,15 @@ def validation_accuracy(metrics: dict, algorithm: str) -> list[tuple[int, float]
         if found:
             return list(found.items())
     return []
+
+
+def software_section(metrics: dict) -> list[str]:
+    """The card's lines for the library versions the draft was trained with (train_metrics.json's
+    "provenance"); none for metrics written before it was recorded."""
+    versions = (metrics.get("provenance") or {}).get("versions") or {}
+    if not versions:
+        return []
+    return ["## Software", "", *(f"- {name} {v}" for name, v in versions.items() if v), ""]
 
 
 def model_card(
@@ -100,6 +110,7 @@ def model_card(
         ),
         f"- norm_before_residual: {bool(draft_cfg.get('norm_before_residual', False))}",
         "",
+        *software_section(metrics),
         "## Acceptance",
         "",
     ]
