@@ -173,23 +173,6 @@ def test_at_tensor_parallel_a_draft_is_judged_against_ngrams_noise_floor():
     assert results["ngram"] == {"identical_fraction": floor, "lossless": False}
 
 
-def test_the_speculators_internals_eaglenest_relies_on_are_checked_by_name(monkeypatch):
-    """Each name eaglenest patches or overrides exists in the installed speculators; one that
-    moved (as several have on speculators' main branch) stops the trainer stage by name."""
-    import speculators.train.data as data
-
-    from eaglenest.training.speculators_internals import check_internals, missing_internals
-
-    assert missing_internals() == []
-    monkeypatch.delattr(data.ArrowDataset, "_generate_hidden_states_once")
-    with pytest.raises(
-        EaglenestError,
-        match=r"speculators 0\.9\.0 lacks .*speculators\.train\.data:ArrowDataset\._generate_hidden_states_once "
-        r"\(hybrid: overridden to keep or discard a sample\)",
-    ):
-        check_internals()
-
-
 @pytest.mark.engine
 def test_the_gpu_training_benchmark_trains_resumes_and_exports_at_tiny_shapes(tmp_path):
     """benchmarks/bench_gpu_training.py, the script a GPU machine without vLLM runs, as the

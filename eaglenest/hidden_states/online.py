@@ -3,7 +3,8 @@
 speculators' trainer already generates a missing sample's hidden states from a vLLM endpoint
 (`--on-missing generate`): its dataset sends the row's token ids to the server, loads the file
 the server's connector wrote, validates it and deletes it. Two things it lacks are added by a
-subclass of that dataset, which the trainer process installs (`use_served_dataset`):
+subclass of that dataset, which the trainer process installs
+(eaglenest.training.speculators_internals.use_served_dataset):
 
 - the run's server requires its own key (eaglenest.engine.server) and serves the target under its own
   name; speculators always sends "EMPTY" and expects the verifier's path as the name;
@@ -82,7 +83,11 @@ class KeepGenerated:
 
 
 class ServedDataset(ArrowDataset):
-    """speculators' dataset, sending the run server's key and (hybrid) keeping what it extracts."""
+    """speculators' dataset, sending the run server's key and (hybrid) keeping what it extracts.
+
+    Each of speculators' names it overrides or calls, with its parameters, is registered in
+    eaglenest.training.speculators_internals.INTERNALS, checked before the trainer starts (a
+    test holds that list to the methods overridden here)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -114,17 +119,6 @@ class ServedDataset(ArrowDataset):
         if isinstance(self.transfer, KeepGenerated):
             self.transfer.keep()
         return sample
-
-
-def use_served_dataset() -> None:
-    """Make speculators' data loaders build `ServedDataset` (in the trainer process)."""
-    import logging
-
-    import speculators.train.dataloader as dataloader
-
-    dataloader.ArrowDataset = ServedDataset
-    # The OpenAI client logs every request at INFO: a line per sample per epoch in the log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def remove_pending(folder) -> None:

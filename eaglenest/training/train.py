@@ -5,9 +5,10 @@ and its command line; the training loop, checkpoints and resume are speculators'
 live in a folder keyed by the training spec outside Snakemake's outputs, so a rerun after an
 interrupt resumes from the last epoch instead of step 0.
 
-On a CPU-only machine, `python -m eaglenest.training.train` applies four small patches first (see
-`patch_for_cpu`): speculators 0.9.0 assumes an accelerator in four places. Remove them once
-speculators runs on CPU by itself.
+On a CPU-only machine, `python -m eaglenest.training.train` applies four small patches first
+(see eaglenest.training.speculators_internals.patch_for_cpu, where every patch of speculators
+lives): speculators 0.9.0 assumes an accelerator in four places. Remove them once speculators
+runs on CPU by itself.
 
 Per-epoch metrics come from speculators' metric log, recorded to a file by `EpochMetricsFile`:
 speculators writes `val_metrics.json` only into checkpoints that improved the validation loss,
@@ -46,59 +47,17 @@ from eaglenest.hidden_states.shard_check import header_problem, verify_shards
 from eaglenest.pipeline.workflow import resolve_device
 from eaglenest.planning.run_estimate import SHARED_GPU_SERVER_MEMORY, job_gpus, split_gpus
 from eaglenest.training.contracts import check_training_inputs
-from eaglenest.training.speculators_internals import check_internals
+from eaglenest.training.provenance import run_provenance
+from eaglenest.training.speculators_internals import (
+    call_after_metric_logger_setup,
+    check_internals,
+    patch_for_cpu,
+    patch_fused_loss_configs,
+    use_served_dataset,
+)
 from eaglenest.training.sweep import training_subset
 
 log = logging.getLogger(__name__)
-
-
-def patch_for_cpu() -> None:
-    """Let speculators 0.9.0's trainer run without an accelerator.
-
-    1. `Trainer` moves the model and batches to `get_local_rank()` (an accelerator index):
-       make that `"cpu"`.
-    2. Its step timer calls `torch.accelerator.synchronize()`: a no-op without one.
-    3. Autocast falls back to device type "cuda" when no accelerator exists: use "cpu".
-    4. Resuming loads the checkpoint onto `get_current_device()`, which answers "cuda:0"
-       without an accelerator (and then needs pinned memory): load onto "cpu".
-    """
-    import speculators.train.checkpointer as checkpointer_mod
-    import speculators.train.trainer as trainer_mod
-    import torch
-
-    if torch.accelerator.current_accelerator() is not None:
-        return
-    trainer_mod.get_local_rank = lambda: "cpu"
-    checkpointer_mod.get_current_device = lambda: "cpu"
-    torch.accelerator.synchronize = lambda *a, **k: None
-    original_init = trainer_mod.Trainer.__init__
-
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        self.device_type = "cpu"
-
-    trainer_mod.Trainer.__init__ = init
-
-
-def patch_fused_loss_configs() -> None:
-    """Give each of speculators' fused-loss Triton kernels its own autotune configs.
-
-    speculators 0.9.0 decorates `loss_forward_kernel` and `loss_backward_kernel` with one
-    `triton.autotune(...)` object, so both autotuners hold the same `configs` list (and the
-    same Config objects). torch.compile (torch 2.11's dynamo) traces both kernels in the
-    compiled metrics function and refuses the second sight of that list: "ListVariable ... is
-    already tracked for mutation". A copy per kernel, equal in value, lets it trace them.
-    """
-    import copy
-
-    try:
-        from speculators.losses import fused
-    except ImportError:  # no Triton: the eager loss, nothing to trace
-        return
-    for name in ("loss_forward_kernel", "loss_backward_kernel"):
-        kernel = getattr(fused, name, None)
-        if isinstance(getattr(kernel, "configs", None), list):
-            kernel.configs = copy.deepcopy(kernel.configs)
 
 
 #: Where the trainer child process records per-epoch metrics (set by `run_trainer`).
@@ -141,17 +100,11 @@ class EpochMetricsFile(logging.Handler):
 def record_epoch_metrics(path) -> None:
     """Attach `EpochMetricsFile` to speculators' metric logger once the trainer has set that
     logger up (its set-up replaces the logger's handlers). Rank 0 only."""
-    import speculators.train.cli as cli_mod
-
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    setup = cli_mod.setup_metric_logger
-
-    def setup_and_record(*args, **kwargs):
-        setup(*args, **kwargs)
-        logging.getLogger("speculators.metrics").addHandler(EpochMetricsFile(path))
-
-    cli_mod.setup_metric_logger = setup_and_record
+    call_after_metric_logger_setup(
+        lambda: logging.getLogger("speculators.metrics").addHandler(EpochMetricsFile(path))
+    )
 
 
 def spec_key(args: list[str]) -> str:
@@ -356,7 +309,7 @@ def main(argv: list[str]) -> None:
     from eaglenest.hidden_states import online as online_data
 
     if os.environ.get(online_data.KEY_ENV):  # online and hybrid mode
-        online_data.use_served_dataset()
+        use_served_dataset()
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 
@@ -536,6 +489,11 @@ def train_stage(
         "train_rows": train_rows,
         "val_rows": num_rows - train_rows,
         "per_epoch": metrics,
+        # Online and hybrid runs pass the server's URL, whose port differs per run: a stand-in
+        # records that the trainer extracts on demand without tying the record to a port.
+        "provenance": run_provenance(
+            trainer_args(**train_args, vllm_endpoint=None if offline else "<the run's extraction server>")
+        ),
     }
     if kept is not None:
         summary["hidden_states_kept"] = len(list(kept.glob("hs_*.safetensors")))
