@@ -8,9 +8,11 @@ and points `run` at the code), so stages can be added without touching `main`. H
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.hidden_states.shard_check import verify_shards
@@ -115,8 +117,6 @@ def _plan(subparsers) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    import json
-
     extra = list(args.snakemake_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -156,8 +156,6 @@ def _verify_shards(subparsers) -> None:
 
 
 def _run_verify_shards(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     shards = []
     for d in map(Path, args.dirs):
         inner = sorted(d.glob("shard_*"), key=lambda p: (len(p.name), p.name))
@@ -191,8 +189,6 @@ def _disk_usage(subparsers) -> None:
 
 
 def _run_disk_usage(args: argparse.Namespace) -> int:
-    import json
-
     rows = folder_usage(args.run_dir)
     print(json.dumps(rows, indent=2) if args.json else format_usage(rows, args.run_dir))
     return 0

@@ -2,11 +2,14 @@
 so what a folder depends on can be read from the tree (README, "Layout"). The direction of
 imports is import-linter's contract (.importlinter, run by `make lint`); these tests keep that
 contract whole (every module in a layer, every layer in the README) and check what it does not:
-no import circle, even inside one subpackage or one function."""
+no import circle, even inside one subpackage or one function, and imports at the top of each
+module unless one is kept lazy on purpose."""
 
+import ast
 import configparser
 import graphlib
 import re
+import sys
 from pathlib import Path
 
 from eaglenest.pipeline.code_hash import PACKAGE_DIR, package_imports
@@ -80,3 +83,40 @@ def test_the_contract_sees_imports_of_every_form(tmp_path):
         "engine.server",
         "cli",
     }
+
+
+def imports_inside_functions(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, module, says why) for each import inside a function of `path`: says why when a
+    comment stands on its line or right above its block of imports."""
+    lines = path.read_text().splitlines()
+    found = []
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                module = sub.module if isinstance(sub, ast.ImportFrom) else sub.names[0].name
+                above = sub.lineno - 2
+                while above >= 0 and re.match(r"\s*(import |from \S+ import )", lines[above]):
+                    above -= 1
+                says_why = "#" in lines[sub.lineno - 1] or lines[above].strip().startswith("#")
+                found.append((sub.lineno, module or "", says_why))
+    return found
+
+
+def test_imports_sit_at_the_top_unless_kept_lazy_on_purpose():
+    """The standard library is imported at the top of each module, and an eaglenest module
+    imported inside a function says why there. Third-party libraries may be imported where they
+    are used: torch, transformers, vLLM, speculators and pandas take up to seconds to import, and
+    the modules Snakemake imports when it plans must not load them (test_readme_commands.py:
+    planning never imports torch)."""
+    misplaced = []
+    for path in sorted(modules().values()):
+        where = path.relative_to(PACKAGE_DIR.parent)
+        for line, imported, says_why in imports_inside_functions(path):
+            top = imported.split(".")[0]
+            if top in sys.stdlib_module_names:
+                misplaced.append(f"{where}:{line} {imported}: the standard library belongs at the top")
+            elif top == "eaglenest" and not says_why:
+                misplaced.append(f"{where}:{line} {imported}: no comment says why it is lazy")
+    assert not misplaced, "imports inside functions:\n" + "\n".join(misplaced)

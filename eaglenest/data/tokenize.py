@@ -26,10 +26,14 @@ does not render is counted in the metadata, never lost silently.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
 import logging
+import multiprocessing
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -606,8 +610,6 @@ def _start_worker() -> None:
     thread: a fast tokenizer's thread pool, when the parent had started it, did not survive the
     fork, and a worker that handed it a batch would wait forever (tokenizers guards against
     that itself unless TOKENIZERS_PARALLELISM is set to true, as users often do)."""
-    import os
-    import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each batch
@@ -624,8 +626,6 @@ def _encoded(chunks, chat: ChatTurns, responses_path, processes: int):
         for chunk in chunks:
             yield chunk, encode_rows(chat, chunk.rows, responses_path)
         return
-    import collections
-    import multiprocessing
 
     global _WORKER_CHAT
     # fork, not spawn: a spawned worker re-runs the caller's __main__, which in a Snakemake

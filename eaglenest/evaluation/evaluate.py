@@ -19,8 +19,10 @@ import contextlib
 import json
 import logging
 import re
+import shutil
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
@@ -119,7 +121,6 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
     """Greedy completions (token ids and text) for every prompt; returns (outputs, seconds).
     Every prompt must be answered (the methods are compared prompt by prompt): a request that
     fails twice, or a server silent for `stall_timeout_s`, fails the stage."""
-    from concurrent.futures import ThreadPoolExecutor
 
     import openai
 
@@ -268,7 +269,6 @@ def make_untrained_draft(trained_dir, out_dir, target_dir, seed: int = 0) -> Pat
     the checkpoint's are the target's; P-EAGLE trains them, so they are read back from the
     target (`target_dir`) with speculators' own loader, the one its training starts from. DFlash
     saves no embedding, and its head is the target's own rows, frozen, so that is kept too."""
-    import shutil
 
     # torch here only: the workflow imports this module for METHODS when it plans, and torch
     # would add a second to every Snakemake call.

@@ -12,6 +12,7 @@ the hidden-states KV connector) and a transformers fallback for targets vLLM can
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import logging
@@ -273,7 +274,6 @@ def _engine_file_bytes(path: str) -> bytes:
     """The bytes of a file the engine's connector wrote, once its write is complete; its lock
     file is removed. (vLLM's `load_hidden_states` waits the same way, but parses the file from
     disk, and the manifest's checksum would then read it a second time.)"""
-    import fcntl
 
     lock_path = path + ".lock"
     with open(lock_path) as lock:

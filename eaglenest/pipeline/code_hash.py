@@ -6,6 +6,7 @@ runs this code, so editing how hashes are computed reruns nothing.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
 import hashlib
@@ -34,7 +35,6 @@ def _statements(tree):
 def _read_source_facts(source: str, path: Path) -> dict:
     """What planning needs of a file: the eaglenest names it imports, as (package, name) pairs
     (name None for `import eaglenest.x`), and its code without docstrings, comments and layout."""
-    import ast
 
     def is_docstring(stmt) -> bool:
         return (

@@ -4,6 +4,7 @@ as Snakemake's `benchmark:` recorded them, for the report."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from eaglenest.core.io import atomic_path, iter_jsonl, read_json
@@ -51,7 +52,6 @@ def gpu_stage_tokens(*, responses_path, plan, metrics, acceptance, metadata) -> 
 def gpu_busy_share() -> float | None:
     """Share of this Snakemake invocation, so far, with a GPU job running: from its job events
     (eaglenest.pipeline.job_events), which local jobs find through EVENTS_ENV; None elsewhere."""
-    import time
 
     path = os.environ.get(EVENTS_ENV)
     if not path or not Path(path).exists():

@@ -19,9 +19,12 @@ network.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -205,7 +208,6 @@ class TargetShape:
 
 
 def read_config(model_dir) -> tuple[dict, Path]:
-
     path = Path(model_dir)
     path = path / "config.json" if path.is_dir() or not path.suffix else path
     config = read_json(path)
@@ -343,7 +345,6 @@ def resolve_target(
 
 def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, out_record) -> dict:
     """The `resolve_target` rule: resolve and record."""
-    import logging
 
     target = resolve_target(name, revision=revision, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
     record = asdict(target)
@@ -431,8 +432,6 @@ def publish_to_hub_cache(folder, repo_id: str, cache_dir=None, branch: str = "ma
     """Lay `folder` into the hub cache as huggingface_hub's download would: content-addressed
     `blobs/`, `snapshots/COMMIT/` of relative links, and `refs/BRANCH` written last. The commit
     is a hash of the files, so an identical build publishes the same revision. Returns it."""
-    import hashlib
-    import shutil
 
     folder = Path(folder)
     repo = repo_cache_folder(repo_id, cache_dir)
