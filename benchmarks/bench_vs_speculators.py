@@ -1,5 +1,15 @@
 """eaglenest against speculators' own recipe: same target, same prompts, evaluated the same way.
 
+Three arms, each evaluated on the run's held-out prompts and its benchmarks (MT-Bench where the
+config names it):
+- (a) `speculators`: speculators' documented offline recipe, data and training (below).
+- (b) `speculators_data`: (a)'s data (its regenerate-responses, prepare-data and
+  generate-offline-data, and the vocabulary mapping its trainer builds from that data's token
+  counts) trained with eaglenest's trainer settings (the run's `train` section and draft
+  config) for exactly as many optimizer steps as (c) took. The difference between (b) and (c)
+  is the data pipeline: served token ids, template-exact loss masks, earlier turns trained.
+- (c) `eaglenest`: the finished run as it is.
+
 Inputs: the working directory of a finished eaglenest run (`snakemake --cores all`), its target,
 its training prompts (`prompts/prompts.jsonl`) and held-out prompts (`prompts/eval_prompts.jsonl`).
 
@@ -29,8 +39,14 @@ default run's data, so its default 20 epochs take over an hour: `--spec-epochs 5
 speculators' own offline example script passes (examples/train/eagle3_llama3_8b_sharegpt_offline_5k.sh,
 which also lowers lr to 1e-4).
 
+(b)'s step budget: eaglenest's per-epoch step counts (`train/train_metrics.json`) summed; its
+epochs are the fewest whose steps reach the budget, counted with speculators' own packing sampler
+over (a)'s training split (the packing differs per epoch), and `--max-steps` stops it there. Its
+own step count is read back from its metrics and printed beside (c)'s.
+
 Usage: python benchmarks/bench_vs_speculators.py --workdir WORKDIR_OF_A_FINISHED_RUN
-         [--configfile CONFIG] [--spec-epochs N] [--spec-train-args "--num-workers 2"]
+         [--configfile CONFIG] [--arms speculators speculators_data eaglenest]
+         [--spec-epochs N] [--spec-train-args "--num-workers 2"]
 """
 
 from __future__ import annotations
@@ -56,6 +72,8 @@ EAGLENEST_STAGES = (
     "regenerate_responses", "tokenize", "build_vocab_mapping", "draft_config",
     "plan_hidden_states", "extract_hidden_states", "train_draft", "export_draft",
 )  # fmt: skip
+# (a) speculators' recipe, (b) its data with eaglenest's training, (c) eaglenest.
+ARMS = ("speculators", "speculators_data", "eaglenest")
 # speculators' trainer settings worth printing, with whether each is its default.
 TRAIN_SETTINGS = (
     "epochs", "lr", "optimizer", "weight_decay", "scheduler_type", "ttt_steps", "loss_fn",
@@ -72,13 +90,16 @@ def timed(steps: dict, name: str):
     print(f"  {name}: {steps[name]:.1f} s", flush=True)
 
 
-def run(cmd: list[str], cwd: Path, log: Path) -> None:
-    """One command of the recipe, its output to `log`; a failure stops the benchmark."""
+def run(cmd: list[str], cwd: Path, log: Path, env: dict | None = None) -> None:
+    """One command of the recipe, its output to `log` (`env`: more variables for it); a failure
+    stops the benchmark."""
     from eaglenest.engine.server import log_tail
 
     print("  $ " + shlex.join(cmd), flush=True)
     with open(log, "wb") as f:
-        rc = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(
+            cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        ).returncode
     if rc:
         raise SystemExit(f"{shlex.join(cmd[:4])} failed (exit {rc}). Last lines of {log}:\n{log_tail(log)}")
 
@@ -87,7 +108,11 @@ def speculators_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "speculators", *args]
 
 
-def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, extra_train_args) -> dict:
+def speculators_arm(
+    cfg: dict, target, run_dir: Path, scratch: Path, epochs, extra_train_args, train: bool = True
+) -> dict:
+    """Arm (a): speculators' recipe, each step timed; without `train`, its data steps only
+    (what arm (b) trains on)."""
     from datasets import load_from_disk
     from speculators.train.config import TrainConfig
 
@@ -176,16 +201,97 @@ def speculators_arm(cfg: dict, target, run_dir: Path, scratch: Path, epochs, ext
     if stored != rows:  # it skips failed samples and exits 0
         raise SystemExit(f"generate-offline-data stored {stored} of {rows} samples; see {logs}")
 
-    with timed(steps, "train"):
-        # `python -m eaglenest.training.train`: speculators' train entry point after eaglenest's CPU patches.
-        run([sys.executable, "-m", "eaglenest.training.train", *train_args], scratch, logs / "train.log")
-    done = epochs_done(ckpts)
+    if train:
+        with timed(steps, "train"):
+            # `python -m eaglenest.training.train`: speculators' train entry point after eaglenest's CPU patches.
+            run([sys.executable, "-m", "eaglenest.training.train", *train_args], scratch, logs / "train.log")
+    done = epochs_done(ckpts) if train else []
     return {
         "steps_s": steps,
         "total_s": round(sum(steps.values()), 1),
         "train_rows": int(rows * flat["train_data_ratio"]),
         "epochs": len(done),
         "train_settings": settings,
+        "draft": str(ckpts / str(done[-1])) if done else None,
+        "data": str(prep),
+    }
+
+
+def steps_per_epoch(data_path: Path, total_seq_len: int, train_data_ratio: float, seed: int, epochs: int):
+    """The optimizer steps speculators' trainer takes in each of `epochs` epochs on one rank:
+    its own packing sampler over its own training split (the packing differs per epoch)."""
+    from speculators.train.data import ArrowDataset
+    from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+    lengths = ArrowDataset(
+        max_len=total_seq_len, datapath=str(data_path), on_missing="raise",
+        train_ratio=train_data_ratio, split="train",
+    ).approx_lengths  # fmt: skip
+    sampler = MultipackDistributedBatchSamplerV2(
+        batch_max_length=total_seq_len, lengths=lengths, num_replicas=1, rank=0, seed=seed
+    )
+    counts = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        counts.append(len(sampler))
+    return counts
+
+
+def epochs_for_budget(per_epoch: list[int], budget: int) -> int:
+    """The fewest epochs whose steps reach `budget` (--max-steps stops the last one there)."""
+    total = 0
+    for epochs, steps in enumerate(per_epoch, 1):
+        total += steps
+        if total >= budget:
+            return epochs
+    raise SystemExit(f"{len(per_epoch)} epochs hold {total} steps, fewer than the budget {budget}")
+
+
+def speculators_data_arm(cfg: dict, target, run_dir: Path, scratch: Path, data: Path, budget: int) -> dict:
+    """Arm (b): speculators' prepared data (arm (a)'s) trained with eaglenest's settings and
+    draft config for `budget` optimizer steps. speculators builds the vocabulary mapping from
+    that data's own token counts (token_freq.pt), at eaglenest's draft vocabulary size."""
+    from eaglenest.core.io import read_json
+    from eaglenest.draft.algorithms import draft_algorithm
+    from eaglenest.pipeline.workflow import resolve_device
+    from eaglenest.training.sweep import train_settings
+    from eaglenest.training.train import METRICS_FILE_ENV, collect_metrics, epochs_done, trainer_args
+
+    hp = train_settings(cfg)
+    per_epoch = steps_per_epoch(data, hp["total_seq_len"], hp["train_data_ratio"], hp["seed"], 1000)
+    hp["epochs"] = epochs_for_budget(per_epoch, budget)
+    draft_config = run_dir / "draft_config.json"
+    dcfg = read_json(draft_config)
+    ckpts, logs = scratch / "checkpoints_speculators_data", scratch / "logs"
+    args = trainer_args(
+        target=target.path, data_dir=data, save_path=ckpts, draft_config=draft_config,
+        d2t_npy="", t2d_npy="", draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
+        aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"], hp=hp,
+        cpu=resolve_device(cfg["vllm"]["device"]) == "cpu", log_dir=logs / "speculators_data",
+        trust_remote_code=target.trust_remote_code, algorithm=draft_algorithm(dcfg),
+        mask_token_id=dcfg["eaglenest"].get("mask_token", {}).get("id"),
+    )  # fmt: skip
+    # No mapping files: speculators builds its own from the data it trains on.
+    for flag in ("--d2t-path", "--t2d-path"):
+        i = args.index(flag)
+        del args[i : i + 2]
+    args += ["--max-steps", str(budget)]
+    print(
+        f"  budget {budget} steps: {hp['epochs']} epochs of {per_epoch[: hp['epochs']]} steps, --max-steps {budget}"
+    )
+    metrics_file = scratch / "speculators_data_epoch_metrics.jsonl"
+    steps: dict[str, float] = {}
+    with timed(steps, "train (eaglenest settings)"):
+        run(
+            [sys.executable, "-m", "eaglenest.training.train", *args],
+            scratch, logs / "train_speculators_data.log", env={METRICS_FILE_ENV: str(metrics_file)},
+        )  # fmt: skip
+    trained = sum(row["train_steps"] for row in collect_metrics(metrics_file))
+    done = epochs_done(ckpts)
+    return {
+        "steps_s": steps,
+        "train_steps": trained,
+        "epochs": len(done),
         "draft": str(ckpts / str(done[-1])),
     }
 
@@ -212,13 +318,46 @@ def eaglenest_arm(cfg: dict, run_dir: Path) -> dict:
     if rows is None:  # a run from before train_metrics.json recorded it
         tokenized = sum(1 for _ in iter_jsonl(run_dir / "tokenized" / "tokenized_data.jsonl"))
         rows = int(tokenized * cfg["train"]["train_data_ratio"])
+    per_epoch = metrics["per_epoch"]
+    if any("train_steps" not in row for row in per_epoch):
+        raise SystemExit(
+            f"{run_dir / 'train' / 'train_metrics.json'} does not count its optimizer steps "
+            "(trained before eaglenest recorded them): rerun the workflow to retrain"
+        )
     return {
         "steps_s": steps,
         "total_s": round(sum(steps.values()), 1),
         "train_rows": rows,
         "epochs": metrics["epochs"],
+        "train_steps": sum(row["train_steps"] for row in per_epoch),
         "draft": str(run_dir / "draft"),
     }
+
+
+def run_arms(names, cfg: dict, target, run_dir: Path, scratch: Path, spec_epochs, extra) -> dict:
+    """The arms asked for, in ARMS' order: (c) first (its step count is (b)'s budget), then
+    speculators' data steps once for (a) and (b)."""
+    eaglenest = eaglenest_arm(cfg, run_dir)
+    arms = {}
+    if "speculators" in names or "speculators_data" in names:
+        recipe = speculators_arm(
+            cfg, target, run_dir, scratch, spec_epochs, extra, train="speculators" in names
+        )
+        if "speculators" in names:
+            arms["speculators"] = recipe
+        if "speculators_data" in names:
+            print("\nspeculators' data, eaglenest's trainer settings:", flush=True)
+            arm = speculators_data_arm(
+                cfg, target, run_dir, scratch, Path(recipe["data"]), eaglenest["train_steps"]
+            )
+            data_steps = {k: v for k, v in recipe["steps_s"].items() if k != "train"}
+            arm["steps_s"] = {**data_steps, **arm["steps_s"]}
+            arm["total_s"] = round(sum(arm["steps_s"].values()), 1)
+            arm["train_rows"] = recipe["train_rows"]
+            arms["speculators_data"] = arm
+    if "eaglenest" in names:
+        arms["eaglenest"] = eaglenest
+    return arms
 
 
 def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> None:
@@ -286,6 +425,7 @@ def report(arms: dict, stored: dict) -> None:
         ("wall s to a draft", lambda a: f"{a['total_s']:.1f}"),
         ("training rows", lambda a: a["train_rows"]),
         ("epochs", lambda a: a["epochs"]),
+        ("optimizer steps", lambda a: a.get("train_steps", "")),
         ("tokens per target step", lambda a: f"{a['acceptance']['mean_acceptance_length']:.3f}"),
         ("acceptance length/draft", lambda a: f"{a['acceptance']['mean_acceptance_length_per_draft']:.3f}"),
         ("acceptance rate", lambda a: f"{a['acceptance']['acceptance_rate']:.3f}"),
@@ -303,12 +443,26 @@ def report(arms: dict, stored: dict) -> None:
     print(f"\n{'':<26}" + "".join(f"{name:>22}" for name in arms))
     for label, value in rows:
         print(f"{label:<26}" + "".join(f"{value(a)!s:>22}" for a in arms.values()))
+    if "eaglenest" in arms and "speculators_data" in arms:
+        # The data pipeline's worth at equal training: (c) over (b), per prompt set.
+        c, b = arms["eaglenest"]["acceptance"], arms["speculators_data"]["acceptance"]
+        sets = {"held-out": (c, b)} | {n: (c["benchmarks"][n], b["benchmarks"][n]) for n in c["benchmarks"]}
+        print(
+            "\neaglenest / speculators' data at equal steps (tokens per target step): "
+            + ", ".join(
+                f"{n} {x['mean_acceptance_length'] / y['mean_acceptance_length']:.3f}x"
+                for n, (x, y) in sets.items()
+            )
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, required=True, help="working directory of a finished run")
     ap.add_argument("--configfile", type=Path, default=REPO / "config" / "config.yaml")
+    ap.add_argument(
+        "--arms", nargs="+", choices=ARMS, default=list(ARMS), help="which arms to run (default: all three)"
+    )
     ap.add_argument("--spec-epochs", type=int, help="speculators' epochs (default: its own, 20)")
     ap.add_argument("--spec-train-args", default="", help="more train flags, e.g. '--num-workers 2'")
     args = ap.parse_args()
@@ -345,15 +499,12 @@ def main() -> None:
     if extra:
         print(f"speculators train flags ADDED: {shlex.join(extra)}")
     print(
-        f"target {target.path}; draft vocabulary {cfg['vocab']['draft_vocab_size']} in both arms "
+        f"target {target.path}; draft vocabulary {cfg['vocab']['draft_vocab_size']} in every arm "
         f"(eaglenest's, so that it is not what differs)\n\nspeculators recipe in {scratch}:",
         flush=True,
     )
     try:
-        arms = {
-            "eaglenest": eaglenest_arm(cfg, run_dir),
-            "speculators": speculators_arm(cfg, target, run_dir, scratch, args.spec_epochs, extra),
-        }
+        arms = run_arms(args.arms, cfg, target, run_dir, scratch, args.spec_epochs, extra)
         evaluate(arms, cfg, target, run_dir, scratch)
     finally:
         if not socket_dir(scratch).is_relative_to(scratch.resolve()):  # a short one in /tmp

@@ -33,6 +33,7 @@ def test_each_epoch_records_its_training_mean_and_validation(tmp_path):
         logger.removeHandler(handler)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1]
+    assert [r["train_steps"] for r in rows] == [2, 3]
     assert rows[0]["train"] == pytest.approx({"loss_epoch": 3.0, "full_acc_0_epoch": 0.3})
     assert rows[1]["train"]["loss_epoch"] == 2.0
     assert rows[1]["val"] == {"loss_epoch": 3.9, "full_acc_0_epoch": 0.5}

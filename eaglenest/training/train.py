@@ -66,10 +66,10 @@ METRICS_FILE_ENV = "EAGLENEST_EPOCH_METRICS"
 
 class EpochMetricsFile(logging.Handler):
     """Append one JSON line per epoch to `path`: the mean of speculators' per-step training
-    metrics over the epoch, and the epoch's validation metrics. A line is written when the
-    validation record arrives. speculators saves an epoch's checkpoint before validating it,
-    so an interrupt during validation leaves that epoch without a line (the rerun resumes
-    after it); one during training leaves none either, and the rerun records the epoch."""
+    metrics over the epoch, its number of steps, and the epoch's validation metrics. A line is
+    written when the validation record arrives. speculators saves an epoch's checkpoint before
+    validating it, so an interrupt during validation leaves that epoch without a line (the rerun
+    resumes after it); one during training leaves none either, and the rerun records the epoch."""
 
     def __init__(self, path) -> None:
         super().__init__()
@@ -92,7 +92,8 @@ class EpochMetricsFile(logging.Handler):
             self.train_steps += 1
         elif isinstance(msg.get("val"), Mapping):
             train = {f"{k}_epoch": v / self.train_steps for k, v in self.train_sums.items()}
-            row = {"epoch": epoch, "train": train, "val": dict(msg["val"])}
+            # The optimizer steps of the epoch: what a comparison at equal budget matches.
+            row = {"epoch": epoch, "train_steps": self.train_steps, "train": train, "val": dict(msg["val"])}
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
