@@ -26,6 +26,16 @@ atexit.register(shutil.rmtree, _MODULES, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+# Every dry run of the suite runs Snakemake with torch unimportable: planning parses the workflow
+# on every call (the suite makes dozens, a user's `-n` too) and torch would add a second or more
+# to each, so a module that pulled it into planning fails the first dry run that reaches it.
+SNAKEMAKE_WITHOUT_TORCH = [
+    sys.executable,
+    "-c",
+    "import sys; sys.modules['torch'] = None; sys.argv[0] = 'snakemake'\n"
+    "from snakemake.cli import main\n"
+    "main()",
+]
 _INVOCATIONS = itertools.count()
 GPU_RULES = {"regenerate_responses", "extract_hidden_states", "train_draft", "evaluate_acceptance"}
 
@@ -124,7 +134,7 @@ def snakemake_command(
     if checkout and configfile is not None and configfile.is_relative_to(workdir):
         configfile = configfile.relative_to(workdir)  # typed from the checkout's root: config/NAME.yaml
     cmd = [
-        *SNAKEMAKE,
+        *(SNAKEMAKE_WITHOUT_TORCH if "-n" in args else SNAKEMAKE),
         "-s",
         str((workdir if checkout else REPO) / "Snakefile"),
         "-d",

@@ -108,8 +108,8 @@ def test_imports_sit_at_the_top_unless_kept_lazy_on_purpose():
     """The standard library is imported at the top of each module, and an eaglenest module
     imported inside a function says why there. Third-party libraries may be imported where they
     are used: torch, transformers, vLLM, speculators and pandas take up to seconds to import, and
-    the modules Snakemake imports when it plans must not load them (test_readme_commands.py:
-    planning never imports torch)."""
+    the modules Snakemake imports when it plans must not load them (every dry run of the
+    suite runs with torch unimportable: conftest.SNAKEMAKE_WITHOUT_TORCH)."""
     misplaced = []
     for path in sorted(modules().values()):
         where = path.relative_to(PACKAGE_DIR.parent)
