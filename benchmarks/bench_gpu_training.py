@@ -53,7 +53,8 @@ from eaglenest.draft.config import draft_config_stage
 from eaglenest.evaluation.export import export_stage
 from eaglenest.hidden_states.extract import write_shard
 from eaglenest.target.resolve import resolve_target
-from eaglenest.training.train import checkpoint_problem, epochs_done, train_stage
+from eaglenest.training.checkpoints import checkpoint_problem, epochs_done
+from eaglenest.training.train import train_stage
 
 SHAPES = {
     # Kimi-K2.5's text model as the draft sees it (its config.json's text_config).

@@ -120,7 +120,7 @@ def speculators_arm(
     from eaglenest.engine.server import SERVED_NAME, ServerSpec, serving
     from eaglenest.hidden_states.extract import vllm_extraction_spec
     from eaglenest.pipeline.workflow import resolve_device, vllm_base_args, vllm_env
-    from eaglenest.training.train import epochs_done
+    from eaglenest.training.checkpoints import epochs_done
 
     base, env = vllm_base_args(cfg["vllm"], cfg["target"]), vllm_env(cfg["vllm"])
     timeout = cfg["vllm"]["startup_timeout_s"]
@@ -254,8 +254,10 @@ def speculators_data_arm(cfg: dict, target, run_dir: Path, scratch: Path, data: 
     from eaglenest.core.io import read_json
     from eaglenest.draft.algorithms import draft_algorithm
     from eaglenest.pipeline.workflow import resolve_device
+    from eaglenest.training.checkpoints import epochs_done
+    from eaglenest.training.metrics import METRICS_FILE_ENV, collect_metrics
     from eaglenest.training.sweep import train_settings
-    from eaglenest.training.train import METRICS_FILE_ENV, collect_metrics, epochs_done, trainer_args
+    from eaglenest.training.trainer import trainer_args
 
     hp = train_settings(cfg)
     per_epoch = steps_per_epoch(data, hp["total_seq_len"], hp["train_data_ratio"], hp["seed"], 1000)

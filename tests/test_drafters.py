@@ -137,7 +137,7 @@ def test_draft_config_writes_a_p_eagle_drafts_mask_token_and_leaves_eagle3s_as_i
 def test_p_eagle_flags_are_ones_speculators_own_resolver_reads_back():
     from speculators.train.config import TrainConfig
 
-    from eaglenest.training.train import trainer_args
+    from eaglenest.training.trainer import trainer_args
 
     hp = {**train_settings(with_draft("p_eagle")), "p_eagle": P_EAGLE}
     common = {**trainer_inputs(), "cpu": True}
@@ -265,7 +265,7 @@ def test_dflash_flags_are_ones_speculators_own_resolver_reads_back():
     non-causal (vLLM reads that flag from the checkpoint) and not sampling from the anchor."""
     from speculators.train.config import TrainConfig
 
-    from eaglenest.training.train import trainer_args
+    from eaglenest.training.trainer import trainer_args
 
     cfg = with_dflash()
     hp = train_settings(cfg)
@@ -289,7 +289,7 @@ def test_a_dflash_draft_trains_at_its_own_lr_and_a_swept_lr_trains_every_algorit
     swept lr is the rate of every variant it names."""
     from speculators.train.config import TrainConfig
 
-    from eaglenest.training.train import trainer_args
+    from eaglenest.training.trainer import trainer_args
 
     cfg = with_dflash(lr=0.0005)
     train_lr = cfg["train"]["lr"]

@@ -483,7 +483,7 @@ def _checkpoint(folder: Path, params: int = 1000) -> Path:
 
 
 def test_training_resumes_from_the_last_whole_checkpoint_not_a_half_written_one(tmp_path):
-    from eaglenest.training.train import epochs_done, remove_incomplete_checkpoints
+    from eaglenest.training.checkpoints import epochs_done, remove_incomplete_checkpoints
 
     save = tmp_path / "checkpoints"
     _checkpoint(save / "0")
@@ -501,7 +501,8 @@ def test_a_checkpoint_on_a_full_disk_fails_training_with_the_folder_and_the_byte
     tmp_path, small_disk, monkeypatch
 ):
     from eaglenest.core.io import DiskFull
-    from eaglenest.training import train
+    from eaglenest.training import trainer
+    from eaglenest.training.checkpoints import checkpoint_bytes, epochs_done
 
     save = small_disk("checkpoints", 64)
     _checkpoint(save / "0", params=2000)  # one whole epoch before the disk filled
@@ -509,10 +510,12 @@ def test_a_checkpoint_on_a_full_disk_fails_training_with_the_folder_and_the_byte
     writes_too_much = (
         f"import os; os.makedirs('{save}/1'); open('{save}/1/model.safetensors', 'wb').write(bytes(10**6))"
     )
-    monkeypatch.setattr(train, "trainer_command", lambda args, gpus: [sys.executable, "-c", writes_too_much])
+    monkeypatch.setattr(
+        trainer, "trainer_command", lambda args, gpus: [sys.executable, "-c", writes_too_much]
+    )
     log_file = tmp_path / "train.log"
     with pytest.raises(DiskFull, match="no space left for a training checkpoint") as e:
-        train.run_trainer([], 1, log_file, tmp_path / "m.jsonl", save, train.checkpoint_bytes(save, {}))
+        trainer.run_trainer([], 1, log_file, tmp_path / "m.jsonl", save, checkpoint_bytes(save, {}))
     assert_disk_full_message(e.value, save)
     assert "No space left on device" in log_file.read_text()
     assert train.epochs_done(save) == [0] and not (save / "1").exists()  # the resume starts after epoch 0

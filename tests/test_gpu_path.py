@@ -10,7 +10,7 @@ import torch
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.planning.run_estimate import job_gpus
-from eaglenest.training.train import gpu_split
+from eaglenest.training.with_server import gpu_split
 
 
 def test_a_job_with_fewer_gpus_than_the_config_is_refused_naming_both(monkeypatch):
@@ -44,7 +44,7 @@ def test_on_one_shared_gpu_the_online_server_leaves_the_trainer_its_share(monkey
     vllm.extra_args (vLLM reads the last); on GPUs of its own it keeps what they say."""
     from types import SimpleNamespace
 
-    from eaglenest.training.train import online_server_spec
+    from eaglenest.training.with_server import online_server_spec
 
     plan = {"aux_layer_ids": [1, 2, 3], "target_num_layers": 6}
     server_cfg = {"env": {}, "base_args": ["--gpu-memory-utilization", "0.90"], "device": "cuda"}

@@ -71,7 +71,7 @@ def test_reading_versions_imports_neither_vllm_nor_torch():
 
 def test_trainer_settings_say_which_eaglenest_set_and_which_are_speculators_defaults():
     """Resolved by speculators' own TrainConfig from the trainer's exact command line."""
-    from eaglenest.training.train import trainer_args
+    from eaglenest.training.trainer import trainer_args
 
     hp = train_settings(default_config())
     args = trainer_args(**trainer_inputs(), hp=hp, cpu=True)

@@ -230,7 +230,7 @@ def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path)
 def test_a_subset_links_each_picked_row_to_its_own_hidden_states(tmp_path):
     from datasets import load_from_disk
 
-    from eaglenest.training.train import link_training_data
+    from eaglenest.training.data_folder import link_training_data
 
     tokenized = tmp_path / "tokenized.jsonl"
     tokenized.write_text(

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import trainer_inputs
 
-from eaglenest.training.train import EpochMetricsFile, collect_metrics, plot_curves
+from eaglenest.training.metrics import EpochMetricsFile, collect_metrics, plot_curves
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_no_record_yet_is_an_empty_history(tmp_path):
 
 
 def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
-    from eaglenest.training.train import trainer_args, trainer_command
+    from eaglenest.training.trainer import trainer_args, trainer_command
 
     args = trainer_args(
         **trainer_inputs(),
@@ -99,7 +99,7 @@ def whole_checkpoint(folder, size: int = 1000):
 def test_a_finished_training_prunes_superseded_specs_and_its_earlier_epochs(tmp_path):
     """A sweep of 4 variants, each retrained once with a new setting: the old specs' folders go,
     other variants' stay, and of the finished spec only its last epoch is kept."""
-    from eaglenest.training.train import OWNER_FILE, epochs_done, prune_after_training
+    from eaglenest.training.checkpoints import OWNER_FILE, epochs_done, prune_after_training
 
     train = tmp_path / ".eaglenest" / "train"
     outputs = [tmp_path / "variants" / f"v{i}" / "train" / "checkpoint" for i in range(4)]
@@ -138,7 +138,7 @@ def test_a_run_exported_to_sglang_trains_the_form_sglangs_forward_computes(engin
     from speculators.train.config.schema import DraftArgs
 
     from eaglenest.training.sweep import train_settings
-    from eaglenest.training.train import trainer_args
+    from eaglenest.training.trainer import trainer_args
 
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config["export"] = {"engines": engines}

@@ -10,7 +10,7 @@ eaglenest drives speculators 0.9.0's trainer through its CLI, and reaches past i
 - `patch_fused_loss_configs`: torch.compile tracing both of speculators' fused-loss Triton
   kernels, which share one autotune configs list.
 - `call_after_metric_logger_setup`: recording each epoch's metrics
-  (eaglenest.training.train.record_epoch_metrics), after speculators has set its metric logger up.
+  (eaglenest.training.metrics.record_epoch_metrics), after speculators has set its metric logger up.
 - `use_served_dataset`: online and hybrid, a dataset that sends the run server's key and keeps
   what it extracts (eaglenest.hidden_states.online.ServedDataset, a subclass of speculators'
   dataset that stays beside the rest of the hidden-state code, below this layer).
