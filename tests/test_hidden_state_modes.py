@@ -90,7 +90,11 @@ def test_storage_refusal_names_the_modes_and_fp8_as_ways_out(tmp_path, untrained
     assert f"hidden_states.dtype: {FP8}" in msg
     assert not (tmp_path / "plan-offline.json").exists()
     # Already online and in fp8: no way out left but the disk itself.
-    with pytest.raises(EaglenestError) as e:
+    with pytest.raises(
+        EaglenestError,
+        match=r"not enough disk for hidden states in online mode: .* GB free\. "
+        r"Free disk or lower hidden_states\.disk_margin_gb\.$",
+    ) as e:
         _plan(tmp_path, untrained_target, "online", dtype=FP8, margin_gb=1e9)
     assert "Ways out" not in str(e.value)
 
@@ -260,7 +264,9 @@ def hidden_state_files(run_dir: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def modes_run(tmp_path_factory, untrained_target):
-    """24 prompts on the untrained tiny target (weights do not matter here), 2 epochs."""
+    """24 prompts on the untrained tiny target (weights do not matter here), trained online for
+    2 epochs up to train_metrics.json, with the plan Snakemake made for it first. The online test
+    reads it and the hybrid test switches its mode, so either runs alone (`pytest -k hybrid`)."""
     workdir = tmp_path_factory.mktemp("modes")
     cfg = default_config()
     cfg["target"]["path"] = str(untrained_target)
@@ -270,7 +276,11 @@ def modes_run(tmp_path_factory, untrained_target):
     cfg["regenerate"]["max_tokens"] = 48
     cfg["train"]["epochs"] = 2
     cfg["hidden_states"]["mode"] = "online"
-    return {"workdir": workdir, "cfg": cfg, "run_dir": workdir / cfg["run_dir"]}
+    configfile = write_config(workdir, cfg)
+    target = f"{cfg['run_dir']}/train/train_metrics.json"
+    planned = planned_jobs(snakemake(workdir, configfile, "-n", target))
+    snakemake(workdir, configfile, "--cores", "2", target)
+    return {"workdir": workdir, "cfg": cfg, "run_dir": workdir / cfg["run_dir"], "planned_online": planned}
 
 
 def rows(run_dir: Path) -> list[list[int]]:
@@ -280,13 +290,8 @@ def rows(run_dir: Path) -> list[list[int]]:
 
 @pytest.mark.engine
 def test_online_training_extracts_from_the_runs_server_and_stores_nothing(modes_run):
-    workdir, cfg, run_dir = modes_run["workdir"], modes_run["cfg"], modes_run["run_dir"]
-    configfile = write_config(workdir, cfg)
-    target = f"{cfg['run_dir']}/train/train_metrics.json"
-    planned = planned_jobs(snakemake(workdir, configfile, "-n", target))
+    cfg, run_dir, planned = modes_run["cfg"], modes_run["run_dir"], modes_run["planned_online"]
     assert "extract_hidden_states" not in planned and planned["train_draft"] == 1
-
-    snakemake(workdir, configfile, "--cores", "2", target)
     n = len(rows(run_dir))
     # Every epoch sends every row, training and validation split, to the server once.
     assert extraction_requests(run_dir) == cfg["train"]["epochs"] * n
@@ -300,8 +305,8 @@ def test_online_training_extracts_from_the_runs_server_and_stores_nothing(modes_
 
 @pytest.mark.engine
 def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run):
-    """Runs after the online test: switching mode reruns training only. In fp8, so that the
-    engine's fp8 connector and the trainer's fp8 reader are exercised as well."""
+    """On the online run: switching mode reruns training only. In fp8, so that the engine's
+    fp8 connector and the trainer's fp8 reader are exercised as well."""
     workdir, cfg, run_dir = modes_run["workdir"], modes_run["cfg"], modes_run["run_dir"]
     cfg = {**cfg, "hidden_states": {**cfg["hidden_states"], "mode": "hybrid", "dtype": FP8}}
     configfile = write_config(workdir, cfg, "hybrid.yaml")

@@ -8,6 +8,7 @@ import copy
 import itertools
 import json
 import math
+import shutil
 
 import pandas as pd
 import pytest
@@ -281,14 +282,17 @@ def test_an_unknown_sweep_setting_stops_the_workflow_naming_it(tmp_path):
 
 @pytest.mark.engine
 def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_and_dflash_in_parallel(
-    default_run,
+    default_run, tmp_path
 ):
-    """A real two-variant sweep on the shared default run: P-EAGLE and DFlash (the minute-scale
-    smoke runs of the README's "Drafters"), one epoch on a quarter of the rows and a smaller
-    draft vocabulary, through training, export and vLLM's evaluation, on the run's own hidden
-    states, beside the run's own EAGLE-3 draft. Here, after test_pipeline.py: it adds server
-    starts to the shared run, which that file counts."""
-    workdir, run_dir = default_run["workdir"], default_run["run_dir"]
+    """A real two-variant sweep on a copy of the shared default run: P-EAGLE and DFlash (the
+    minute-scale smoke runs of the README's "Drafters"), one epoch on a quarter of the rows and a
+    smaller draft vocabulary, through training, export and vLLM's evaluation, on the run's own
+    hidden states, beside the run's own EAGLE-3 draft. The copy keeps every file's time (and
+    Snakemake's records), so it is the finished run as a user would sweep it, and the variants
+    and their server starts stay out of what the other tests read."""
+    workdir = tmp_path / "default_run"
+    shutil.copytree(default_run["workdir"], workdir, symlinks=True)
+    run_dir = workdir / default_run["run_dir"].relative_to(default_run["workdir"])
     cfg = copy.deepcopy(default_run["config"])
     cfg["sweep"] = {
         "data_fraction": [0.25],
