@@ -232,10 +232,12 @@ def test_chat_template_thinks_like_kimi(tok):
 
 
 def test_rejects_bad_input(tmp_path):
-    with pytest.raises(EaglenestError, match="num_layers"):
+    with pytest.raises(EaglenestError, match="num_layers must be at least 8, got 4"):
         build_kimi_mini(tmp_path / "m", [CORPUS], num_layers=4, pretrain_steps=0)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(EaglenestError):
+    with pytest.raises(
+        EaglenestError, match=f"^{re.escape(str(empty))}: no text to train the tiny tokenizer on$"
+    ):
         build_kimi_mini(tmp_path / "m", [empty], pretrain_steps=0)
     assert not (tmp_path / "m").exists()

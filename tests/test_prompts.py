@@ -471,7 +471,7 @@ def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
         Path(path).write_text("partial\n")
 
     monkeypatch.setattr(mod, "_dump_jsonl", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk full"):  # the failure itself, not one it caused
         run(tmp_path, [{"name": "a", "type": "jsonl", "path": a}], eval_samples=1)
     assert list((tmp_path / "out").iterdir()) == []
 

@@ -86,28 +86,78 @@ def test_a_variants_training_params_are_the_runs_with_its_settings():
     assert {k: v for k, v in hp.items() if k not in variant.settings} == rest
 
 
-def test_data_subsets_are_nested_and_keep_the_validation_rows_whole():
+def speculators_rows(datapath, ratio: float, split: str) -> list[int]:
+    """The rows speculators' own dataset trains (or validates) on, of a data folder whose `row`
+    column names the tokenized row each position holds (the trainer's data folder renumbers a
+    subset's rows in its order)."""
+    from speculators.train.data import ArrowDataset
+
+    data = ArrowDataset(max_len=64, datapath=datapath, train_ratio=ratio, split=split, on_missing="raise")
+    return list(data.data["row"])
+
+
+class HeldRows:
+    """What speculators' ArrowDataset reads of a loaded dataset (its length, a selection, the
+    lengths column), held in memory: to run its split for hundreds of sizes in a second."""
+
+    def __init__(self, rows):
+        self.rows = list(rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, column):
+        return {"row": self.rows, "seq_len": [1] * len(self.rows)}[column]
+
+    def select(self, indices):
+        return HeldRows(self.rows[i] for i in indices)
+
+    def with_format(self, _):
+        return self
+
+
+def test_data_subsets_are_nested_and_keep_the_validation_rows_whole(tmp_path):
+    from datasets import Dataset
+
     n, ratio = 2000, 0.9
-    split = int(n * ratio)
+
+    def saved(name, rows):
+        Dataset.from_dict({"row": rows, "seq_len": [1] * len(rows)}).save_to_disk(tmp_path / name)
+        return tmp_path / name
+
+    full = saved("full", list(range(n)))
+    full_train, validation = speculators_rows(full, ratio, "train"), speculators_rows(full, ratio, "val")
     subsets = {f: training_subset(n, ratio, f, seed=0) for f in (0.25, 0.5, 0.75)}
     for f, (rows, r) in subsets.items():
-        kept = [i for i in rows if i < split]
-        assert rows[len(kept) :] == list(range(split, n))  # validation: the same rows, last
-        assert int(len(rows) * r) == len(kept)  # speculators' own split lands on them
-        assert abs(len(kept) / split - f) < 0.05
+        folder = saved(str(f), rows)
+        trained = speculators_rows(folder, r, "train")
+        # speculators trains on the kept training rows only and validates on the full data's
+        # validation rows, so validation compares across fractions.
+        assert trained == [i for i in rows if i in set(full_train)]
+        assert speculators_rows(folder, r, "val") == validation
+        assert abs(len(trained) / len(full_train) - f) < 0.05
     small, mid, large = (set(subsets[f][0]) for f in (0.25, 0.5, 0.75))
     assert small < mid < large
     assert training_subset(n, ratio, 0.5, seed=1)[0] != subsets[0.5][0]  # the seed picks
 
 
-def test_speculators_split_lands_on_the_subset_for_every_size():
+def test_speculators_split_lands_on_the_subset_for_every_size(monkeypatch):
+    import speculators.train.data
+
+    held = {}
+    monkeypatch.setattr(speculators.train.data, "load_from_disk", lambda path: HeldRows(held[path]))
     for n in range(3, 400):
-        for ratio in (0.8, 0.9, 0.95, 1.0):
+        held["full"] = range(n)
+        # 1 leaves speculators no validation split: refused at start (test_config_schema.py).
+        for ratio in (0.8, 0.9, 0.95):
             try:
-                rows, r = training_subset(n, ratio, 0.3, seed=2)
+                held["subset"], r = training_subset(n, ratio, 0.3, seed=2)
             except EaglenestError:  # a small split may keep no row: refused, as tested below
                 continue
-            assert int(len(rows) * r) == sum(1 for i in rows if i < int(n * ratio))
+            full_train = set(speculators_rows("full", ratio, "train"))
+            trained = speculators_rows("subset", r, "train")
+            assert trained == [i for i in held["subset"] if i in full_train], (n, ratio)
+            assert speculators_rows("subset", r, "val") == speculators_rows("full", ratio, "val"), (n, ratio)
 
 
 def test_a_fraction_that_keeps_no_row_is_refused():

@@ -82,8 +82,12 @@ def test_trainer_command_uses_a_standalone_rendezvous_on_several_gpus():
     cmd = trainer_command(args, gpus=8)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
     assert "torch.distributed.run" not in trainer_command(args, gpus=1)
-    # The remote-code flag reaches speculators, and a mask token spares it the processor.
-    assert "--trust-remote-code" in args and args[args.index("--mask-token-id") + 1] == "0"
+    # The remote-code flag reaches speculators, and a mask token spares it the processor: read
+    # back by speculators' own resolver (its defaults are False and None).
+    from speculators.train.config import TrainConfig
+
+    resolved = TrainConfig.resolve(args).flatten()
+    assert (resolved["trust_remote_code"], resolved["mask_token_id"]) == (True, 0)
 
 
 def whole_checkpoint(folder, size: int = 1000):

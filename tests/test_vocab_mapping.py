@@ -362,8 +362,10 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit):  # the target vocabulary size must come from somewhere
         cli.main(argv[:-2])
+    assert "one of the arguments --target-model --target-vocab-size is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # ... and from one place only
         cli.main([*argv, "--target-model", str(tmp_path)])
+    assert "argument --target-model: not allowed with argument --target-vocab-size" in capsys.readouterr().err
 
 
 def test_console_script(tmp_path):

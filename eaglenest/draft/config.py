@@ -22,8 +22,9 @@ def draft_parameter_count(cfg: dict) -> int:
     """Parameters of speculators' draft for a draft config (draft_config.json). EAGLE-3: the
     target-vocabulary embedding, the fc layer that folds the three aux layers into one, the
     decoder layers (the first reads embedding and hidden state side by side, 2 x hidden), the
-    final norm and the draft-vocabulary head; a P-EAGLE draft adds the learned state its masked
-    slots read in place of the target's three layers. A DFlash draft keeps no embedding (it
+    norm over the aux layers before fc, the final norm and the draft-vocabulary head; a P-EAGLE
+    draft has, in place of that norm, the learned state its masked slots read in place of the
+    target's three layers. A DFlash draft keeps no embedding (it
     reads the target's), its fc output is normed and its layers are all one hidden wide, with
     per-head query and key norms."""
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
@@ -35,7 +36,10 @@ def draft_parameter_count(cfg: dict) -> int:
     if algorithm == "dflash":
         return total + h + layers * (h * (q + 2 * kv) + q * h + 3 * h * inter + 2 * h + 2 * head)
     total += vocab * h
-    if trains_embeddings(algorithm):
+    # Both read the three aux layers through 3 x hidden more: P-EAGLE's learned masked-slot
+    # state, and EAGLE-3's norm over the aux layers before fc (speculators 0.9.0 trains with
+    # norm_before_fc on by default; eaglenest never turns it off).
+    if trains_embeddings(algorithm) or algorithm == "eagle3":
         total += 3 * h
     for layer in range(layers):
         width = 2 * h if layer == 0 else h
