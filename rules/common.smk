@@ -236,3 +236,25 @@ def variant_hp(wildcards):
 def variant_outputs(own_output, base_output):
     """A file of every variant, in the sweep's order: the base's is the run's own."""
     return [base_output if v.is_base else expand(own_output, variant=v.name)[0] for v in VARIANTS]
+
+
+def run_benchmark_files(shards=True):
+    """What Snakemake's `benchmark:` records for each job of the run, in stage order; without
+    `shards`, less the extraction jobs' files. As inputs those are a thousand more files for
+    Snakemake to find a producer of at every plan of a 1,000-shard run (a sixth of its work)."""
+    return [
+        *([rules.import_gguf_target.benchmark] if GGUF else []),
+        rules.resolve_target.benchmark,
+        rules.prepare_prompts.benchmark,
+        rules.regenerate_responses.benchmark,
+        rules.tokenize.benchmark,
+        rules.draft_config.benchmark,
+        rules.build_vocab_mapping.benchmark,
+        rules.plan_hidden_states.benchmark,
+        *(expand(rules.extract_hidden_states.benchmark, k=range(len(SHARD_DIRS))) if shards else []),
+        rules.train_draft.benchmark,
+        rules.export_draft.benchmark,
+        *([f"{RUN}/benchmarks/export_draft_sglang.tsv"] if SGLANG_EXPORT else []),
+        rules.prepare_benchmarks.benchmark,
+        rules.evaluate_acceptance.benchmark,
+    ]

@@ -72,23 +72,9 @@ rule run_summary:
         responses=rules.regenerate_responses.output.responses,
         target=rules.resolve_target.output.record,
         sglang_export=[f"{RUN}/draft_sglang"] if SGLANG_EXPORT else [],
-        # What Snakemake's `benchmark:` recorded for each job of the run (time, memory).
-        benchmarks=[
-            *([rules.import_gguf_target.benchmark] if GGUF else []),
-            rules.resolve_target.benchmark,
-            rules.prepare_prompts.benchmark,
-            rules.regenerate_responses.benchmark,
-            rules.tokenize.benchmark,
-            rules.draft_config.benchmark,
-            rules.build_vocab_mapping.benchmark,
-            rules.plan_hidden_states.benchmark,
-            *expand(rules.extract_hidden_states.benchmark, k=range(len(SHARD_DIRS))),
-            rules.train_draft.benchmark,
-            rules.export_draft.benchmark,
-            *([f"{RUN}/benchmarks/export_draft_sglang.tsv"] if SGLANG_EXPORT else []),
-            rules.prepare_benchmarks.benchmark,
-            rules.evaluate_acceptance.benchmark,
-        ],
+        # What Snakemake's `benchmark:` recorded for each job of the run (time, memory), less
+        # the extraction shards' files: train_draft (an input) waits for every shard already.
+        benchmarks=run_benchmark_files(shards=False),
     output:
         summary=report(f"{RUN}/run_summary.csv", caption="../report/run_summary.rst", category="Run"),
         stage_times=report(f"{RUN}/stage_times.csv", caption="../report/stage_times.rst", category="Run"),
@@ -97,6 +83,8 @@ rule run_summary:
     benchmark:
         f"{RUN}/benchmarks/run_summary.tsv"
     params:
+        # Every job's file, the shards' too, in stage order: the stage times table's rows.
+        stage_benchmarks=run_benchmark_files(),
         lr=train_settings(config)["lr"],
         code=code_hash("run_summary"),
     script:

@@ -15,7 +15,7 @@ run_logged(
     coverage_path=sm.input.coverage,
     plan_path=sm.input.plan,
     metadata_path=sm.input.metadata,
-    benchmark_files=sm.input.benchmarks,
+    benchmark_files=sm.params.stage_benchmarks,
     responses_path=sm.input.responses,
     sglang_export_path=f"{sm.input.sglang_export[0]}/eaglenest_export.json"
     if sm.input.sglang_export
