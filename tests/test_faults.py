@@ -253,11 +253,11 @@ def test_evaluation_against_a_hung_server_fails_within_twice_the_stall_timeout(t
     from eaglenest.evaluation.evaluate import generate
 
     prompts = [json.loads(line) for line in _prompts(tmp_path, 40).read_text().splitlines()]
-    stall, concurrency = 1.5, 2
+    stall, concurrency = 0.75, 2
     with fake_server(tmp_path, answer=0) as server:
         before = set(threading.enumerate())
         t0 = time.monotonic()
-        with pytest.raises(ServerError, match=r"\(vllm.stall_timeout_s: 1.5\); it is hung"):
+        with pytest.raises(ServerError, match=r"\(vllm.stall_timeout_s: 0.75\); it is hung"):
             generate(server, prompts, max_tokens=4, concurrency=concurrency, stall_timeout_s=stall)
         took = time.monotonic() - t0
         for worker in set(threading.enumerate()) - before:  # until the requests in flight time out
