@@ -410,7 +410,7 @@ def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> Non
 
 def report(arms: dict, stored: dict) -> None:
     for name, arm in arms.items():
-        print(f"\n{name} steps (wall s{'' if name == 'speculators' else ', Snakemake benchmark files'}):")
+        print(f"\n{name} steps (wall s{', Snakemake benchmark files' if name == 'eaglenest' else ''}):")
         for step, s in arm["steps_s"].items():
             print(f"  {step:<24} {s:8.1f}")
     draft = stored.get("draft", {})
