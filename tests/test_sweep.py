@@ -218,7 +218,10 @@ def test_comparison_sets_each_variant_beside_the_trainers_estimate(tmp_path):
             "lossless": True,
         }
         rows = int(1000 * v.settings["data_fraction"])
-        files["acc"].append(write(tmp_path / v.name / "acc.json", {"draft": draft}))
+        # MT-Bench a token per step below the held-out prompts, its first position accepted less.
+        mt_bench = draft | {"mean_acceptance_length": tokens - 1, "per_position_acceptance": [0.4, 0.2]}
+        acceptance = {"draft": draft, "benchmarks": {"mt_bench": {"conversations": 4, "draft": mt_bench}}}
+        files["acc"].append(write(tmp_path / v.name / "acc.json", acceptance))
         m = metrics([0.7, 0.6, 0.5]) | {"train_rows": rows}
         files["metrics"].append(write(tmp_path / v.name / "m.json", m))
         files["coverage"].append(write(tmp_path / v.name / "c.json", {"coverage": 0.9}))
@@ -252,9 +255,15 @@ def test_comparison_sets_each_variant_beside_the_trainers_estimate(tmp_path):
     assert table["val_estimate_tokens_per_draft"].tolist() == pytest.approx([1 + 0.7 + 0.42 + 0.21] * 3)
     assert table["speedup_vs_no_spec"].tolist() == pytest.approx([1.3, 0.9, 1.1])
     assert table["train_s"].tolist() == [12.5] * 3
-    fit = json.loads((out / "data_scaling.json").read_text())["fits"][0]
-    assert fit["largest_rows"] == 1000 and fit["doubled_rows"] == 2000
-    assert fit["per_doubling"] == pytest.approx(0.4, abs=0.01)
+    assert table["mt_bench_tokens_per_step"].tolist() == pytest.approx([1.6, 0.8, 1.2])
+    assert table["mt_bench_accept_pos_1"].tolist() == pytest.approx([0.4] * 3)
+    assert table["mt_bench_accept_pos_3"].isna().all()  # a position the file does not hold
+    fits = {f["set"]: f for f in json.loads((out / "data_scaling.json").read_text())["fits"]}
+    assert set(fits) == {"held out", "mt_bench"}
+    for fit in fits.values():
+        assert fit["largest_rows"] == 1000 and fit["doubled_rows"] == 2000
+        assert fit["per_doubling"] == pytest.approx(0.4, abs=0.01)
+    assert fits["mt_bench"]["fitted_at_largest"] == pytest.approx(fits["held out"]["fitted_at_largest"] - 1)
     for png in ("comparison.png", "per_position.png", "data_scaling.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 

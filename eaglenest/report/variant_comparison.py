@@ -80,35 +80,57 @@ def fit_data_scaling(rows: list[int], tokens: list[float], ceiling: float) -> di
     }
 
 
+def served_columns(acceptance: dict, k: int, prefix: str = "") -> dict:
+    """A draft's served figures on one prompt set: tokens per target step, per-position
+    acceptance (the share of drafts whose first p tokens were accepted), output tokens/s and
+    losslessness; a benchmark's (MT-Bench, a local set) carry its name as `prefix`."""
+    served = acceptance.get("per_position_acceptance") or []
+    columns = {f"{prefix}tokens_per_step": acceptance["mean_acceptance_length"]}
+    for p in range(k):
+        columns[f"{prefix}accept_pos_{p + 1}"] = served[p] if p < len(served) else None
+    columns[f"{prefix}output_tokens_per_s"] = acceptance.get("output_tokens_per_s")
+    columns[f"{prefix}lossless"] = acceptance.get("lossless")
+    return columns
+
+
+def benchmark_names(rows: list[dict]) -> list[str]:
+    """The benchmarks the comparison rows hold columns of, in the order they first appear."""
+    suffix = "_tokens_per_step"
+    names = [c[: -len(suffix)] for r in rows for c in r if c.endswith(suffix) and c != "tokens_per_step"]
+    return list(dict.fromkeys(names))
+
+
 def comparison_rows(variants: list[dict], keys: list[str], k: int, no_spec_tokens_per_s) -> list[dict]:
-    """One row per variant: its settings, vocabulary coverage, served acceptance beside the
-    trainer's estimate of it, throughput and training time. `variants`: dicts with name,
-    is_base, settings and the read files acceptance (the draft's entry), metrics, coverage,
-    train_s."""
+    """One row per variant: its settings, vocabulary coverage, served acceptance on the
+    held-out prompts beside the trainer's estimate of it, throughput and training time, then
+    its served figures on each benchmark. `variants`: dicts with name, is_base, settings and
+    the read files acceptance (the draft's entry), metrics, coverage, train_s; optionally
+    benchmarks (name: the draft's entry there)."""
     rows = []
     for v in variants:
         acc, metrics = v["acceptance"], v["metrics"]
         estimate = validation_estimate(metrics, k)
-        served = acc.get("per_position_acceptance") or []
         row = {
             "variant": v["name"],
             "base": v["is_base"],
             **{key: v["settings"][key] for key in SETTINGS},
             "train_rows": metrics.get("train_rows"),
             "vocab_coverage": v["coverage"]["coverage"],
-            "tokens_per_step": acc["mean_acceptance_length"],
+            **served_columns(acc, k),
             "tokens_per_draft": acc.get("mean_acceptance_length_per_draft"),
             "val_estimate_tokens_per_draft": estimate["tokens_per_draft"],
+            **{
+                f"val_estimate_pos_{p + 1}": estimate["per_position"][p]
+                if p < len(estimate["per_position"])
+                else None
+                for p in range(k)
+            },
             "acceptance_rate": acc.get("acceptance_rate"),
         }
-        for p in range(k):
-            row[f"accept_pos_{p + 1}"] = served[p] if p < len(served) else None
-            est = estimate["per_position"]
-            row[f"val_estimate_pos_{p + 1}"] = est[p] if p < len(est) else None
         tps = acc.get("output_tokens_per_s")
-        row["output_tokens_per_s"] = tps
         row["speedup_vs_no_spec"] = tps / no_spec_tokens_per_s if tps and no_spec_tokens_per_s else None
-        row["lossless"] = acc.get("lossless")
+        for bench, served_there in (v.get("benchmarks") or {}).items():
+            row.update(served_columns(served_there, k, prefix=f"{bench}_"))
         row["train_s"] = v.get("train_s")
         row["swept"] = ",".join(keys)
         rows.append(row)
@@ -133,8 +155,8 @@ def _lines(rows: list[dict], key: str, keys: list[str]) -> list[tuple[str, list[
 
 
 def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out_png) -> None:
-    """One column per swept setting: served tokens per target step (solid) and the trainer's
-    estimate (dashed) above, output tokens/s below; the draft-vocabulary ticks carry the
+    """One column per swept setting: served tokens per target step on the held-out prompts
+    (solid), the trainer's estimate (dashed) and each benchmark (dash-dotted) above, output tokens/s below; the draft-vocabulary ticks carry the
     vocabulary's coverage."""
     import matplotlib
 
@@ -152,11 +174,19 @@ def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out
         for label, members in lines:
             xs = [at[m[key]] for m in members]
             (line,) = ax_acc.plot(
-                xs, [m["tokens_per_step"] for m in members], "o-", label=f"served ({label})"
+                xs, [m["tokens_per_step"] for m in members], "o-", label=f"held out ({label})"
             )
             est = [m["val_estimate_tokens_per_draft"] for m in members]
             if any(e is not None for e in est):
                 ax_acc.plot(xs, est, "x--", color=line.get_color(), label=f"trainer's estimate ({label})")
+            for bench, marker in zip(benchmark_names(rows), "s^vD", strict=False):
+                ax_acc.plot(
+                    xs,
+                    [m.get(f"{bench}_tokens_per_step") for m in members],
+                    f"{marker}-.",
+                    color=line.get_color(),
+                    label=f"{bench} ({label})",
+                )
             ax_tps.plot(
                 xs, [m["output_tokens_per_s"] for m in members], "o-", color=line.get_color(), label=label
             )
@@ -189,64 +219,70 @@ def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out
     plt.close(fig)
 
 
+def _draw_scaling_fit(ax, label: str, train_rows: list[int], fit: dict, k: int, color, box: int) -> None:
+    """One line's log-linear fit over its measured sizes, dotted out to twice the data, the
+    slope of its last two sizes dashed, and a box (the `box`-th, stacked from the bottom)
+    saying these are estimates."""
+
+    def at(r):
+        return min(k + 1, fit["intercept"] + fit["per_doubling"] * math.log2(r))
+
+    lo, hi = min(train_rows), fit["largest_rows"]
+    ax.plot([lo, hi], [at(lo), at(hi)], "-", color=color, alpha=0.6, label=f"log-linear fit ({label})")
+    ax.plot([hi, 2 * hi], [at(hi), at(2 * hi)], ":", color=color)
+    last = fit["last_step_estimate_at_doubled"]
+    ax.plot(
+        [hi, 2 * hi],
+        [last - fit["last_step_estimated_gain_from_doubling"], last],
+        "--",
+        color=color,
+        label=f"slope of the last two sizes ({label})",
+    )
+    ax.text(
+        0.98,
+        0.03 + 0.2 * box,
+        f"{label}: estimates, not measured. 2x data ({2 * hi} rows) adds\n"
+        f"{fit['last_step_estimated_gain_from_doubling']:+.2f} tokens/step at the slope of the "
+        f"last two sizes ({fit['last_step_rows'][0]} to {fit['last_step_rows'][1]} rows),\n"
+        f"{fit['estimated_gain_from_doubling']:+.2f} on the log-linear fit over all "
+        f"{fit['points']} points (largest residual {fit['max_abs_residual']:.2f})",
+        transform=ax.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=8,
+        color=color,
+        bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.9},
+    )
+
+
 def plot_data_scaling(rows: list[dict], keys: list[str], k: int, out_png) -> list[dict]:
-    """Tokens per step against training rows for each line of data_fraction variants, with a
-    log-linear fit drawn through the measured sizes and, dotted, out to twice the data; the
-    labelled estimate of what doubling adds. Returns the fits (one per line)."""
+    """Tokens per step against training rows for each line of data_fraction variants, on the
+    held-out prompts and on each benchmark, with a log-linear fit drawn through the measured
+    sizes and, dotted, out to twice the data; the labelled estimate of what doubling adds.
+    Returns the fits (one per line and prompt set)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    sets = [("held out", "")] + [(name, f"{name}_") for name in benchmark_names(rows)]
     fits = []
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for label, members in _lines(rows, "data_fraction", keys):
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    for line, members in _lines(rows, "data_fraction", keys):
         train_rows = [m["train_rows"] for m in members]
-        tokens = [m["tokens_per_step"] for m in members]
-        fit = fit_data_scaling(train_rows, tokens, ceiling=k + 1)
-        (points,) = ax.plot(train_rows, tokens, "o", label=f"served ({label})")
-        est = [m["val_estimate_tokens_per_draft"] for m in members]
-        if any(e is not None for e in est):
-            ax.plot(train_rows, est, "x", color=points.get_color(), label=f"trainer's estimate ({label})")
-        if fit is None:
-            continue
-        fits.append({"line": label, **fit})
-        lo, hi = min(train_rows), fit["largest_rows"]
-
-        def at(r, fit=fit):
-            return min(k + 1, fit["intercept"] + fit["per_doubling"] * math.log2(r))
-
-        ax.plot(
-            [lo, hi],
-            [at(lo), at(hi)],
-            "-",
-            color=points.get_color(),
-            alpha=0.6,
-            label=f"log-linear fit ({label})",
-        )
-        ax.plot([hi, 2 * hi], [at(hi), at(2 * hi)], ":", color=points.get_color())
-        last = fit["last_step_estimate_at_doubled"]
-        ax.plot(
-            [hi, 2 * hi],
-            [last - fit["last_step_estimated_gain_from_doubling"], last],
-            "--",
-            color=points.get_color(),
-            label=f"slope of the last two sizes ({label})",
-        )
-        ax.text(
-            0.98,
-            0.03 + 0.2 * (len(fits) - 1),
-            f"{label}: estimates, not measured. 2x data ({2 * hi} rows) adds\n"
-            f"{fit['last_step_estimated_gain_from_doubling']:+.2f} tokens/step at the slope of the "
-            f"last two sizes ({fit['last_step_rows'][0]} to {fit['last_step_rows'][1]} rows),\n"
-            f"{fit['estimated_gain_from_doubling']:+.2f} on the log-linear fit over all "
-            f"{fit['points']} points (largest residual {fit['max_abs_residual']:.2f})",
-            transform=ax.transAxes,
-            ha="right",
-            va="bottom",
-            fontsize=8,
-            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.9},
-        )
+        for prompt_set, prefix in sets:
+            label = f"{prompt_set}, {line}" if line != "all" else prompt_set
+            tokens = [m.get(f"{prefix}tokens_per_step") for m in members]
+            if any(t is None for t in tokens):
+                continue
+            (points,) = ax.plot(train_rows, tokens, "o" if not prefix else "s", label=f"served ({label})")
+            est = [m["val_estimate_tokens_per_draft"] for m in members]
+            if not prefix and any(e is not None for e in est):
+                ax.plot(train_rows, est, "x", color=points.get_color(), label=f"trainer's estimate ({label})")
+            fit = fit_data_scaling(train_rows, tokens, ceiling=k + 1)
+            if fit is not None:
+                _draw_scaling_fit(ax, label, train_rows, fit, k, points.get_color(), box=len(fits))
+                fits.append({"line": line, "set": prompt_set, **fit})
     ax.set_xscale("log", base=2)
     ticks = sorted({r["train_rows"] for r in rows if r["train_rows"]} | {2 * f["largest_rows"] for f in fits})
     ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -256,12 +292,24 @@ def plot_data_scaling(rows: list[dict], keys: list[str], k: int, out_png) -> lis
         ylabel="tokens per target step",
         title="Data scaling: acceptance vs training rows",
     )
-    ax.legend(fontsize="x-small")
+    ax.legend(fontsize="x-small", loc="upper left")
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)
     return fits
+
+
+def read_draft_acceptance(path) -> dict:
+    """A variant's evaluation (`eval/acceptance.json`): the trained draft's entry on the
+    held-out prompts (`acceptance`) and on each benchmark it was evaluated on (`benchmarks`)."""
+    acc = read_json(path)
+    if "draft" not in acc:
+        raise EaglenestError("holds no evaluation of the trained draft", path)
+    benchmarks = {
+        name: entry["draft"] for name, entry in (acc.get("benchmarks") or {}).items() if "draft" in entry
+    }
+    return {"acceptance": acc["draft"], "benchmarks": benchmarks}
 
 
 def compare_stage(
@@ -281,8 +329,9 @@ def compare_stage(
     out_scaling=None,
     out_scaling_plot=None,
 ) -> list[dict]:
-    """The `compare_variants` rule: every variant's served acceptance, the trainer's estimate
-    of it, throughput and vocabulary coverage against the swept settings, as a CSV and plots;
+    """The `compare_variants` rule: every variant's served acceptance (held out and on each
+    benchmark), the trainer's estimate of it, throughput and vocabulary coverage against the
+    swept settings, as a CSV and plots;
     with data_fraction swept, the data-scaling fit as JSON and its plot. The run's own
     evaluation (`reference_acceptance`) gives no speculation's tokens/s."""
     import pandas as pd
@@ -290,22 +339,18 @@ def compare_stage(
     reference = read_json(reference_acceptance)
     k = reference["num_speculative_tokens"]
     no_spec_tps = (reference.get("no_spec") or {}).get("output_tokens_per_s")
-    variants = []
-    for i, name in enumerate(names):
-        acc = read_json(acceptance_files[i])
-        if "draft" not in acc:
-            raise EaglenestError("holds no evaluation of the trained draft", acceptance_files[i])
-        variants.append(
-            {
-                "name": name,
-                "is_base": base[i],
-                "settings": settings[i],
-                "acceptance": acc["draft"],
-                "metrics": read_json(metrics_files[i]),
-                "coverage": read_json(coverage_files[i]),
-                "train_s": read_benchmark(train_benchmarks[i]).get("s"),
-            }
-        )
+    variants = [
+        {
+            "name": name,
+            "is_base": base[i],
+            "settings": settings[i],
+            **read_draft_acceptance(acceptance_files[i]),
+            "metrics": read_json(metrics_files[i]),
+            "coverage": read_json(coverage_files[i]),
+            "train_s": read_benchmark(train_benchmarks[i]).get("s"),
+        }
+        for i, name in enumerate(names)
+    ]
     rows = comparison_rows(variants, keys, k, no_spec_tps)
     with atomic_path(out_csv) as tmp:
         pd.DataFrame(rows).to_csv(tmp, index=False)
@@ -322,8 +367,9 @@ def compare_stage(
         )
         for f in fits:
             log.info(
-                "data scaling (%s): 2x data (%d rows) adds %+.3f tokens/step at the last step's slope, "
+                "data scaling (%s, %s): 2x data (%d rows) adds %+.3f tokens/step at the last step's slope, "
                 "%+.3f on the log-linear fit",
+                f["set"],
                 f["line"],
                 f["doubled_rows"],
                 f["last_step_estimated_gain_from_doubling"],
