@@ -45,7 +45,7 @@ over (a)'s training split (the packing differs per epoch), and `--max-steps` sto
 own step count is read back from its metrics and printed beside (c)'s.
 
 Usage: python benchmarks/bench_vs_speculators.py --workdir WORKDIR_OF_A_FINISHED_RUN
-         [--configfile CONFIG] [--arms speculators speculators_data eaglenest]
+         [--configfile CONFIG [OVERLAY ...]] [--arms speculators speculators_data eaglenest]
          [--spec-epochs N] [--spec-train-args "--num-workers 2"]
 """
 
@@ -63,8 +63,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # The stages of a finished run that turn the prompts into the exported draft.
@@ -461,7 +459,12 @@ def report(arms: dict, stored: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, required=True, help="working directory of a finished run")
-    ap.add_argument("--configfile", type=Path, default=REPO / "config" / "config.yaml")
+    ap.add_argument(
+        "--configfile",
+        nargs="+",
+        default=[str(REPO / "config" / "config.yaml")],
+        help="the run's config files, merged in order as snakemake --configfile merges them",
+    )
     ap.add_argument(
         "--arms", nargs="+", choices=ARMS, default=list(ARMS), help="which arms to run (default: all three)"
     )
@@ -471,7 +474,9 @@ def main() -> None:
 
     from snakemake.utils import validate
 
-    cfg = yaml.safe_load(args.configfile.read_text())
+    from eaglenest.pipeline.run_config import load_config
+
+    cfg = load_config(REPO, REPO / "Snakefile", args.configfile)
     validate(cfg, str(REPO / "config" / "schemas" / "config.schema.yaml"))  # fills the defaults
     workdir = args.workdir.resolve()
     run_dir = workdir / cfg["run_dir"]
@@ -513,7 +518,7 @@ def main() -> None:
             shutil.rmtree(socket_dir(scratch), ignore_errors=True)
     report(arms, stored)
     out = scratch / "bench_vs_speculators.json"
-    out.write_text(json.dumps({"workdir": str(workdir), "config": str(args.configfile), **arms}, indent=2))
+    out.write_text(json.dumps({"workdir": str(workdir), "config": args.configfile, **arms}, indent=2))
     print(f"\nwritten: {out}")
 
 
