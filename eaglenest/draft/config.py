@@ -93,6 +93,98 @@ def check_sglang_target(target_dir, aux_layer_ids) -> list[int]:
     return sglang_layer_ids(aux, next(iter(shape.architectures), None), config_path)
 
 
+def _check_mappable(tcfg: dict, vocab: int, draft_vocab_size: int, config_path) -> None:
+    """Refuse a draft vocabulary outside the target's, or a text config the draft cannot copy."""
+    if not 1 <= draft_vocab_size <= vocab:
+        raise EaglenestError(
+            f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the target's vocabulary)",
+            config_path,
+        )
+    missing = [k for k in ("num_attention_heads", "intermediate_size", "rms_norm_eps") if k not in tcfg]
+    if missing:
+        raise EaglenestError(
+            f"the target's text config has no {', '.join(missing)}: the draft's layer cannot be "
+            "shaped like it (a target whose shape cannot be mapped is refused, not approximated)",
+            config_path,
+        )
+
+
+def _derived_keys(tcfg: dict, config_path) -> tuple[dict, dict]:
+    """The keys the draft derives rather than copies (with why), and the draft's rope parameters."""
+    # What the draft takes other than by copying the target's own key, and why.
+    derived = {}
+    if "head_dim" not in tcfg:
+        derived["head_dim"] = "hidden_size / num_attention_heads: the target has no head_dim (MLA)"
+    if "num_key_value_heads" not in tcfg:
+        derived["num_key_value_heads"] = "num_attention_heads: the target has no num_key_value_heads"
+    if "max_position_embeddings" not in tcfg:
+        derived["max_position_embeddings"] = "vllm.max_model_len: the target has no max_position_embeddings"
+    rope, rope_derived = draft_rope_parameters(tcfg, config_path)
+    if rope_derived:
+        derived["rope_parameters"] = rope_derived
+    return derived, rope
+
+
+def _decoder_config(
+    tcfg: dict, hidden: int, vocab: int, draft_layers: int, max_position_embeddings: int | None, rope: dict
+) -> dict:
+    """The draft's Llama decoder keys, shaped like the target's layers."""
+    heads = tcfg["num_attention_heads"]
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": tcfg["intermediate_size"],
+        "num_hidden_layers": draft_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": tcfg.get("num_key_value_heads", heads),
+        # MLA targets (DeepSeek-V3, Kimi) have no head_dim: the draft is a plain Llama layer.
+        "head_dim": tcfg.get("head_dim", hidden // heads),
+        "hidden_act": "silu",
+        "rms_norm_eps": tcfg["rms_norm_eps"],
+        "vocab_size": vocab,
+        # The draft must cover the target's serving context.
+        "max_position_embeddings": max(max_position_embeddings or 0, tcfg.get("max_position_embeddings", 0)),
+        # The target's positions, scaling included (Kimi's YaRN): speculators' trainer and
+        # vLLM's draft both read transformers 5's rope_parameters.
+        "rope_parameters": rope,
+        "tie_word_embeddings": False,
+    }
+
+
+def _apply_algorithm(cfg: dict, algorithm: str, draft_layers: int) -> None:
+    """Record a drafter other than EAGLE-3 in `cfg`, and make a DFlash draft a Qwen3 decoder."""
+    if algorithm != "eagle3":  # an EAGLE-3 draft's file stays what it was: no retraining
+        cfg["eaglenest"]["algorithm"] = algorithm
+    if algorithm == "dflash":
+        # speculators reads a DFlash --draft-config as a Qwen3 decoder. Every layer full
+        # attention: vLLM's V1 runner (the CPU build's) cannot serve mixed sliding and full
+        # layers, and the block is trained and served non-causal (algorithms.trainer_flags).
+        cfg.update(
+            model_type="qwen3",
+            architectures=["Qwen3ForCausalLM"],
+            attention_bias=False,
+            use_sliding_window=False,
+            layer_types=["full_attention"] * draft_layers,
+        )
+
+
+def _mask_token(
+    target_dir, mask_token_id, token_freq, vocab: int, draft_vocab_size: int, trust_remote_code: bool
+) -> dict:
+    """A parallel drafter's mask token, from the config's id, the tokenizer and the trained tokens' counts."""
+    # Imported here: data.vocab loads torch, and rules/common.smk imports this module to plan.
+    from eaglenest.data.vocab import load_token_counts
+
+    return resolve_mask_token_id(
+        mask_token_id,
+        load_tokenizer(target_dir, trust_remote_code),
+        load_token_counts(token_freq, vocab),
+        draft_vocab_size,
+        source=token_freq,
+    )
+
+
 def draft_config_stage(
     target_dir,
     out_path,
@@ -119,81 +211,21 @@ def draft_config_stage(
     tcfg = text_config(config)
     n, hidden, vocab = shape.num_layers, shape.hidden_size, shape.vocab_size
     aux = resolve_aux_layer_ids(aux_layer_ids, n, config_path)
-    if not 1 <= draft_vocab_size <= vocab:
-        raise EaglenestError(
-            f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab} (the target's vocabulary)",
-            config_path,
-        )
-    missing = [k for k in ("num_attention_heads", "intermediate_size", "rms_norm_eps") if k not in tcfg]
-    if missing:
-        raise EaglenestError(
-            f"the target's text config has no {', '.join(missing)}: the draft's layer cannot be "
-            "shaped like it (a target whose shape cannot be mapped is refused, not approximated)",
-            config_path,
-        )
-    heads = tcfg["num_attention_heads"]
-    # What the draft takes other than by copying the target's own key, and why.
-    derived = {}
-    if "head_dim" not in tcfg:
-        derived["head_dim"] = "hidden_size / num_attention_heads: the target has no head_dim (MLA)"
-    if "num_key_value_heads" not in tcfg:
-        derived["num_key_value_heads"] = "num_attention_heads: the target has no num_key_value_heads"
-    if "max_position_embeddings" not in tcfg:
-        derived["max_position_embeddings"] = "vllm.max_model_len: the target has no max_position_embeddings"
-    rope, rope_derived = draft_rope_parameters(tcfg, config_path)
-    if rope_derived:
-        derived["rope_parameters"] = rope_derived
-    cfg = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
+    _check_mappable(tcfg, vocab, draft_vocab_size, config_path)
+    derived, rope = _derived_keys(tcfg, config_path)
+    cfg = _decoder_config(tcfg, hidden, vocab, draft_layers, max_position_embeddings, rope)
+    cfg["eaglenest"] = {
+        "aux_layer_ids": aux,
+        "target_num_layers": n,
+        "target_vocab_size": vocab,
+        "draft_vocab_size": draft_vocab_size,
         "hidden_size": hidden,
-        "intermediate_size": tcfg["intermediate_size"],
-        "num_hidden_layers": draft_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": tcfg.get("num_key_value_heads", heads),
-        # MLA targets (DeepSeek-V3, Kimi) have no head_dim: the draft is a plain Llama layer.
-        "head_dim": tcfg.get("head_dim", hidden // heads),
-        "hidden_act": "silu",
-        "rms_norm_eps": tcfg["rms_norm_eps"],
-        "vocab_size": vocab,
-        # The draft must cover the target's serving context.
-        "max_position_embeddings": max(max_position_embeddings or 0, tcfg.get("max_position_embeddings", 0)),
-        # The target's positions, scaling included (Kimi's YaRN): speculators' trainer and
-        # vLLM's draft both read transformers 5's rope_parameters.
-        "rope_parameters": rope,
-        "tie_word_embeddings": False,
-        "eaglenest": {
-            "aux_layer_ids": aux,
-            "target_num_layers": n,
-            "target_vocab_size": vocab,
-            "draft_vocab_size": draft_vocab_size,
-            "hidden_size": hidden,
-            "derived": derived,
-        },
+        "derived": derived,
     }
-    if algorithm != "eagle3":  # an EAGLE-3 draft's file stays what it was: no retraining
-        cfg["eaglenest"]["algorithm"] = algorithm
-    if algorithm == "dflash":
-        # speculators reads a DFlash --draft-config as a Qwen3 decoder. Every layer full
-        # attention: vLLM's V1 runner (the CPU build's) cannot serve mixed sliding and full
-        # layers, and the block is trained and served non-causal (algorithms.trainer_flags).
-        cfg.update(
-            model_type="qwen3",
-            architectures=["Qwen3ForCausalLM"],
-            attention_bias=False,
-            use_sliding_window=False,
-            layer_types=["full_attention"] * draft_layers,
-        )
+    _apply_algorithm(cfg, algorithm, draft_layers)
     if is_parallel(algorithm):
-        # Imported here: data.vocab loads torch, and rules/common.smk imports this module to plan.
-        from eaglenest.data.vocab import load_token_counts
-
-        cfg["eaglenest"]["mask_token"] = resolve_mask_token_id(
-            mask_token_id,
-            load_tokenizer(target_dir, trust_remote_code),
-            load_token_counts(token_freq, vocab),
-            draft_vocab_size,
-            source=token_freq,
+        cfg["eaglenest"]["mask_token"] = _mask_token(
+            target_dir, mask_token_id, token_freq, vocab, draft_vocab_size, trust_remote_code
         )
     write_json(out_path, cfg)
     return cfg

@@ -353,6 +353,120 @@ def write_table(results: dict, out_csv) -> None:
         df.to_csv(tmp, index=False)
 
 
+def _evaluation_inputs(target, metadata_path, prompts_path, benchmarks_path) -> tuple[list[dict], list[dict]]:
+    """The held-out prompts and the benchmark conversations, once the chat template is checked."""
+    meta = read_json(metadata_path)
+    check_template(target, meta.get("chat_template_hash"), metadata_path)
+    prompts = load_eval_prompts(prompts_path)
+    if not prompts:
+        raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
+    conversations = read_jsonl(benchmarks_path) if benchmarks_path else []
+    return prompts, conversations
+
+
+def _drafts(methods, draft_dir, run_dir, target) -> dict:
+    """The draft folder each draft method serves: the trained draft, and an untrained one if asked."""
+    drafts = {"draft": draft_dir}
+    if "untrained_draft" in methods:
+        drafts["untrained_draft"] = make_untrained_draft(
+            draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft", target.path
+        )
+    return drafts
+
+
+def _ask_method(
+    server: Server, method: str, prompts, conversations, answers: dict, k: int, gen: dict
+) -> tuple[dict, dict]:
+    """One method's result and its sets' outputs: the held-out prompts, then each benchmark's conversations."""
+    result, outs = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
+    outs = [{**o, "set": HELD_OUT, "turn": 0, "category": "all"} for o in outs]
+    if method == "no_spec":
+        answers.update({(o["set"], o["id"], 0): o for o in outs})
+    sets = {HELD_OUT: (outs, result["seconds"], [])}
+    for name in dict.fromkeys(c["benchmark"] for c in conversations):
+        convs = [c for c in conversations if c["benchmark"] == name]
+        sets[name] = ask_conversations(server, convs, answers, is_reference=method == "no_spec", **gen)
+    return result, sets
+
+
+def _evaluate_methods(
+    methods, target, server_cfg, run_dir, k, ngram, drafts, prompts, conversations, answers, gen
+) -> tuple[dict, dict, list[dict]]:
+    """Each method on its own server: the results, the per-set figures and every stored output."""
+    results: dict = {}
+    per_set: dict = {}
+    stored: list[dict] = []
+    for method in methods:
+        with method_server(
+            method, target, server_cfg, run_dir, k=k, ngram=ngram, draft_dir=drafts.get(method)
+        ) as server:
+            result, sets = _ask_method(server, method, prompts, conversations, answers, k, gen)
+        stored += outs_of(method, sets)
+        held_out, _, _ = sets[HELD_OUT]
+        result.update(lossless_fields(held_out, answers))
+        log.info(
+            "%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s",
+            method,
+            result["mean_acceptance_length"],
+            result["acceptance_rate"],
+            result["output_tokens_per_s"] or 0,
+            result["lossless"],
+        )
+        results[method] = result
+        per_set[method] = {name: set_figures(*asked, answers, k) for name, asked in sets.items()}
+    return results, per_set, stored
+
+
+def _judge_lossless(
+    results, per_set, stored, answers, prompts, conversations, methods, server_cfg, reference_outputs
+) -> str:
+    """Judge the drafts against n-gram's noise floor where there is one; what `lossless` means here."""
+    # Where the engine is not bit-reproducible (tensor parallel ranks; 16-bit kernels whose
+    # verification batches differ from decoding), n-gram's outputs already differ: then a
+    # draft is judged against that floor. Where n-gram is exact, any difference is a bug.
+    tp = tensor_parallel_size(server_cfg["base_args"])
+    rows = stored if "ngram" in methods else list(iter_jsonl(reference_outputs))
+    floor = ngram_identical_fraction(rows, answers)
+    noisy = floor is not None and (tp > 1 or floor < 1)
+    if noisy:
+        judge_against_noise_floor(results, floor, len(prompts))
+        for name in dict.fromkeys(c["benchmark"] for c in conversations):
+            set_floor = ngram_identical_fraction(rows, answers, name)
+            if set_floor is not None:
+                figures = {m: per_set[m][name] for m in methods}
+                judge_against_noise_floor(figures, set_floor, per_set[methods[-1]][name]["requests"])
+    return lossless_meaning(tp, floor if noisy else None)
+
+
+def _benchmark_figures(per_set: dict, conversations: list[dict], methods) -> dict:
+    """Each benchmark's conversation count and every method's figures on it."""
+    return {
+        name: {
+            "conversations": sum(c["benchmark"] == name for c in conversations),
+            **{m: per_set[m][name] for m in methods},
+        }
+        for name in dict.fromkeys(c["benchmark"] for c in conversations)
+    }
+
+
+def _write_outputs(
+    stored, results, per_set, summary, out_outputs, out_csv, out_png, out_sets, out_requests,
+    out_request_png, out_json,
+) -> None:  # fmt: skip
+    """Write the stage's files: outputs, tables, plots, and last the summary."""
+    write_jsonl(out_outputs, [{f: o[f] for f in STORED_FIELDS} for o in stored])
+    write_table(results, out_csv)
+    plot_per_position(results, out_png)
+    if out_sets:
+        write_set_table(per_set, out_sets)
+    requests = request_rows(stored)
+    if out_requests:
+        write_requests(requests, out_requests)
+    if out_request_png:
+        plot_requests(requests, out_request_png)
+    write_json(out_json, summary)
+
+
 def evaluate_stage(
     *,
     run_dir,
@@ -383,94 +497,30 @@ def evaluate_stage(
     earlier turns' answers come from the no_spec outputs in `reference_outputs`, an earlier
     evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.resolve.Target)."""
 
-    meta = read_json(metadata_path)
-    check_template(target, meta.get("chat_template_hash"), metadata_path)
-    prompts = load_eval_prompts(prompts_path)
-    if not prompts:
-        raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
-    conversations = read_jsonl(benchmarks_path) if benchmarks_path else []
+    prompts, conversations = _evaluation_inputs(target, metadata_path, prompts_path, benchmarks_path)
     # no_spec's outputs by (set, id, turn): the reference every method must equal, and the
     # answers a conversation's later turns are asked after.
     answers = {} if "no_spec" in methods else reference_answers(reference_outputs, prompts, conversations)
-    drafts = {"draft": draft_dir}
-    if "untrained_draft" in methods:
-        drafts["untrained_draft"] = make_untrained_draft(
-            draft_dir, Path(run_dir) / ".eaglenest" / "eval" / "untrained_draft", target.path
-        )
-    gen = {
-        "max_tokens": max_tokens,
-        "concurrency": concurrency,
-        "stall_timeout_s": server_cfg["stall_timeout_s"],
-    }
-    results: dict = {}
-    per_set: dict = {}
-    stored: list[dict] = []
-    for method in methods:
-        with method_server(
-            method, target, server_cfg, run_dir, k=k, ngram=ngram, draft_dir=drafts.get(method)
-        ) as server:
-            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
-            outs = [{**o, "set": HELD_OUT, "turn": 0, "category": "all"} for o in outs]
-            if method == "no_spec":
-                answers.update({(o["set"], o["id"], 0): o for o in outs})
-            sets = {HELD_OUT: (outs, result["seconds"], [])}
-            for name in dict.fromkeys(c["benchmark"] for c in conversations):
-                convs = [c for c in conversations if c["benchmark"] == name]
-                sets[name] = ask_conversations(
-                    server, convs, answers, is_reference=method == "no_spec", **gen
-                )
-        stored += outs_of(method, sets)
-        result.update(lossless_fields(outs, answers))
-        log.info(
-            "%s: mean acceptance length %.3f, rate %s, %.1f tok/s, lossless %s",
-            method,
-            result["mean_acceptance_length"],
-            result["acceptance_rate"],
-            result["output_tokens_per_s"] or 0,
-            result["lossless"],
-        )
-        results[method] = result
-        per_set[method] = {name: set_figures(*asked, answers, k) for name, asked in sets.items()}
-    # Where the engine is not bit-reproducible (tensor parallel ranks; 16-bit kernels whose
-    # verification batches differ from decoding), n-gram's outputs already differ: then a
-    # draft is judged against that floor. Where n-gram is exact, any difference is a bug.
-    tp = tensor_parallel_size(server_cfg["base_args"])
-    rows = stored if "ngram" in methods else list(iter_jsonl(reference_outputs))
-    floor = ngram_identical_fraction(rows, answers)
-    noisy = floor is not None and (tp > 1 or floor < 1)
-    if noisy:
-        judge_against_noise_floor(results, floor, len(prompts))
-        for name in dict.fromkeys(c["benchmark"] for c in conversations):
-            set_floor = ngram_identical_fraction(rows, answers, name)
-            if set_floor is not None:
-                figures = {m: per_set[m][name] for m in methods}
-                judge_against_noise_floor(figures, set_floor, per_set[methods[-1]][name]["requests"])
-    benchmarks = {
-        name: {
-            "conversations": sum(c["benchmark"] == name for c in conversations),
-            **{m: per_set[m][name] for m in methods},
-        }
-        for name in dict.fromkeys(c["benchmark"] for c in conversations)
-    }
+    drafts = _drafts(methods, draft_dir, run_dir, target)
+    gen = dict(max_tokens=max_tokens, concurrency=concurrency, stall_timeout_s=server_cfg["stall_timeout_s"])
+    results, per_set, stored = _evaluate_methods(
+        methods, target, server_cfg, run_dir, k, ngram, drafts, prompts, conversations, answers, gen
+    )
+    lossless_means = _judge_lossless(
+        results, per_set, stored, answers, prompts, conversations, methods, server_cfg, reference_outputs
+    )
     summary = {
         "num_speculative_tokens": k,
         "prompts": len(prompts),
         "max_tokens": max_tokens,
-        "lossless_means": lossless_meaning(tp, floor if noisy else None),
+        "lossless_means": lossless_means,
         **results,
-        "benchmarks": benchmarks,
+        "benchmarks": _benchmark_figures(per_set, conversations, methods),
     }
-    write_jsonl(out_outputs, [{f: o[f] for f in STORED_FIELDS} for o in stored])
-    write_table(results, out_csv)
-    plot_per_position(results, out_png)
-    if out_sets:
-        write_set_table(per_set, out_sets)
-    requests = request_rows(stored)
-    if out_requests:
-        write_requests(requests, out_requests)
-    if out_request_png:
-        plot_requests(requests, out_request_png)
-    write_json(out_json, summary)
+    _write_outputs(
+        stored, results, per_set, summary, out_outputs, out_csv, out_png, out_sets, out_requests,
+        out_request_png, out_json,
+    )  # fmt: skip
     return summary
 
 

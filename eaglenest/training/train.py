@@ -68,6 +68,135 @@ def _file_digest(path) -> str:
     return h.hexdigest()[:16]
 
 
+def _verify_inputs(
+    run_dir, shard_dirs, plan_path, draft_config_path, t2d_npy, d2t_npy, offline: bool
+) -> None:
+    """Check the hidden states and the inputs agree; offline, free the leased server's accelerators."""
+    if offline:
+        # A file truncated or corrupted after its shard finished must fail here, naming the
+        # file and the shard, not hours into training inside speculators' data loader.
+        log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
+    hs_sources = shard_dirs if offline else [plan_path]
+    log.info(
+        "training inputs agree: %s", check_training_inputs(draft_config_path, hs_sources, t2d_npy, d2t_npy)
+    )
+    if offline:
+        Lease(run_dir).release()  # training needs the accelerators the leased server holds
+
+
+def _hidden_states_key(shard_dirs, plan_path, hs_dtype, tokenized_path, target_record, offline: bool) -> list:
+    """The hidden states' part of the training spec (also the key of hybrid's kept samples)."""
+    if offline:
+        return [read_json(Path(s) / "manifest.json") for s in shard_dirs]
+    return [read_json(plan_path), hs_dtype, _file_digest(tokenized_path), _file_digest(target_record)]
+
+
+def _spec_folder(
+    run_dir, out_checkpoint, hp, dcfg, t2d_npy, d2t_npy, tokenized_path, hs_mode, hs_key
+) -> Path:
+    """The training spec's folder, keyed by everything the trained draft depends on."""
+    inputs = (hp, dcfg, *map(_file_digest, (t2d_npy, d2t_npy, tokenized_path)), hs_mode, hs_key)
+    return training_folder(run_dir, spec_key(list(inputs)), out_checkpoint)
+
+
+def _row_split(tokenized_path, hp: dict) -> tuple[list[int] | None, dict, dict]:
+    """The rows trained on (None: all), the hyperparameters for them, and the summary's split figures."""
+    subset, hp, num_rows = data_fraction_rows(tokenized_path, hp)
+    fraction = hp.get("data_fraction", 1.0)
+    train_rows = int(num_rows * hp["train_data_ratio"])
+    log.info(
+        "training on %d rows, validating on %d (data fraction %g)",
+        train_rows,
+        num_rows - train_rows,
+        fraction,
+    )
+    split = {"data_fraction": fraction, "train_rows": train_rows, "val_rows": num_rows - train_rows}
+    return subset, hp, split
+
+
+def _epochs_already_done(save_path, work: Path, hs_mode: str, hp: dict) -> list[int]:
+    """The epochs an earlier run of this spec finished, after removing any checkpoint cut short."""
+    remove_incomplete_checkpoints(save_path)
+    done = epochs_done(save_path)
+    log.info(
+        "training spec %s (%s hidden states): %d of %d epochs already done%s",
+        work.name,
+        hs_mode,
+        len(done),
+        hp["epochs"],
+        " (resuming)" if done else "",
+    )
+    return done
+
+
+def _claim_cuda(device: str, gpus: int) -> bool:
+    """Whether training runs on CUDA; there, the job's GPUs are claimed first."""
+    cuda = resolve_device(device) == "cuda"
+    if cuda:
+        job_gpus(gpus)  # as many GPUs as ranks, before anything starts
+    return cuda
+
+
+def _train_args(
+    target, data_dir, save_path, log_dir, draft_config_path, t2d_npy, d2t_npy, dcfg, hp, cuda, hs_dtype
+) -> dict:
+    """trainer_args' keyword arguments for this run."""
+    return dict(
+        target=target.path,
+        data_dir=data_dir,
+        save_path=save_path,
+        draft_config=draft_config_path,
+        d2t_npy=Path(d2t_npy).resolve(),
+        t2d_npy=Path(t2d_npy).resolve(),
+        draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
+        aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"],
+        hp=hp,
+        cpu=not cuda,
+        log_dir=log_dir,
+        trust_remote_code=target.trust_remote_code,
+        fp8=hs_dtype == FP8,
+        algorithm=draft_algorithm(dcfg),
+        mask_token_id=dcfg["eaglenest"].get("mask_token", {}).get("id"),
+    )
+
+
+def _run_training(
+    offline, run_dir, target, plan_path, server_cfg, hs_dtype, kept, gpus, cuda, server_gpus,
+    shared_gpu_server_memory, train_args, log_file, metrics_file, save_path, dcfg,
+) -> None:  # fmt: skip
+    """Run the trainer: on the shards offline, beside the run's extraction server online and hybrid."""
+    ckpt_bytes = checkpoint_bytes(save_path, dcfg)
+    if offline:
+        run_trainer(
+            trainer_args(**train_args), gpus if cuda else 1, log_file, metrics_file, save_path, ckpt_bytes
+        )
+    else:
+        train_with_server(
+            run_dir, target, read_json(plan_path), server_cfg, hs_dtype, kept, gpus if cuda else None,
+            server_gpus, shared_gpu_server_memory, train_args, log_file, metrics_file, ckpt_bytes,
+        )  # fmt: skip
+
+
+def _training_summary(final, done, hs_mode, split, metrics, train_args, offline: bool, kept) -> dict:
+    """The stage's metrics record: epochs, resume point, rows, per-epoch metrics and provenance."""
+    summary = {
+        "epochs": final[-1] + 1,  # epochs count from 0; earlier ones' checkpoints are pruned
+        "resumed_from_epoch": done[-1] if done else None,
+        "final_epoch": final[-1],
+        "hidden_states_mode": hs_mode,
+        **split,
+        "per_epoch": metrics,
+        # Online and hybrid runs pass the server's URL, whose port differs per run: a stand-in
+        # records that the trainer extracts on demand without tying the record to a port.
+        "provenance": run_provenance(
+            trainer_args(**train_args, vllm_endpoint=None if offline else "<the run's extraction server>")
+        ),
+    }
+    if kept is not None:
+        summary["hidden_states_kept"] = len(list(kept.glob("hs_*.safetensors")))
+    return summary
+
+
 def train_stage(
     *,
     run_dir,
@@ -100,97 +229,28 @@ def train_stage(
 
     check_internals()  # before any input is checked or linked: a speculators that moved fails first
     offline = hs_mode == "offline"
-    if offline:
-        # A file truncated or corrupted after its shard finished must fail here, naming the
-        # file and the shard, not hours into training inside speculators' data loader.
-        log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
-    hs_sources = shard_dirs if offline else [plan_path]
-    log.info(
-        "training inputs agree: %s", check_training_inputs(draft_config_path, hs_sources, t2d_npy, d2t_npy)
-    )
-    if offline:
-        Lease(run_dir).release()  # training needs the accelerators the leased server holds
+    _verify_inputs(run_dir, shard_dirs, plan_path, draft_config_path, t2d_npy, d2t_npy, offline)
     dcfg = read_json(draft_config_path)
     # What the hidden states are: the shards' records, or what training will extract.
-    hs_key = (
-        [read_json(Path(s) / "manifest.json") for s in shard_dirs]
-        if offline
-        else [read_json(plan_path), hs_dtype, _file_digest(tokenized_path), _file_digest(target_record)]
-    )
-    inputs = (hp, dcfg, *map(_file_digest, (t2d_npy, d2t_npy, tokenized_path)), hs_mode, hs_key)
-    work = training_folder(run_dir, spec_key(list(inputs)), out_checkpoint)
-    data_dir, save_path = work / "data", work / "checkpoints"
+    hs_key = _hidden_states_key(shard_dirs, plan_path, hs_dtype, tokenized_path, target_record, offline)
+    work = _spec_folder(run_dir, out_checkpoint, hp, dcfg, t2d_npy, d2t_npy, tokenized_path, hs_mode, hs_key)
+    data_dir, save_path, log_dir = work / "data", work / "checkpoints", work / "logs"
     kept = kept_hidden_states(run_dir, spec_key(hs_key)) if hs_mode == "hybrid" else None
-    subset, hp, num_rows = data_fraction_rows(tokenized_path, hp)
-    fraction = hp.get("data_fraction", 1.0)
-    train_rows = int(num_rows * hp["train_data_ratio"])
-    log.info(
-        "training on %d rows, validating on %d (data fraction %g)",
-        train_rows,
-        num_rows - train_rows,
-        fraction,
-    )
+    subset, hp, split = _row_split(tokenized_path, hp)
     link_training_data(tokenized_path, shard_dirs if offline else [], data_dir, kept=kept, rows=subset)
-    remove_incomplete_checkpoints(save_path)
-    done = epochs_done(save_path)
-    log.info(
-        "training spec %s (%s hidden states): %d of %d epochs already done%s",
-        work.name,
-        hs_mode,
-        len(done),
-        hp["epochs"],
-        " (resuming)" if done else "",
-    )
-    cuda = resolve_device(device) == "cuda"
-    if cuda:
-        job_gpus(gpus)  # as many GPUs as ranks, before anything starts
-    train_args = dict(
-        target=target.path,
-        data_dir=data_dir,
-        save_path=save_path,
-        draft_config=draft_config_path,
-        d2t_npy=Path(d2t_npy).resolve(),
-        t2d_npy=Path(t2d_npy).resolve(),
-        draft_vocab_size=dcfg["eaglenest"]["draft_vocab_size"],
-        aux_layer_ids=dcfg["eaglenest"]["aux_layer_ids"],
-        hp=hp,
-        cpu=not cuda,
-        log_dir=work / "logs",
-        trust_remote_code=target.trust_remote_code,
-        fp8=hs_dtype == FP8,
-        algorithm=draft_algorithm(dcfg),
-        mask_token_id=dcfg["eaglenest"].get("mask_token", {}).get("id"),
+    done = _epochs_already_done(save_path, work, hs_mode, hp)
+    cuda = _claim_cuda(device, gpus)
+    train_args = _train_args(
+        target, data_dir, save_path, log_dir, draft_config_path, t2d_npy, d2t_npy, dcfg, hp, cuda, hs_dtype
     )
     metrics_file = work / "epoch_metrics.jsonl"
-    ckpt_bytes = checkpoint_bytes(save_path, dcfg)
-    if offline:
-        run_trainer(
-            trainer_args(**train_args), gpus if cuda else 1, log_file, metrics_file, save_path, ckpt_bytes
-        )
-    else:
-        train_with_server(
-            run_dir, target, read_json(plan_path), server_cfg, hs_dtype, kept, gpus if cuda else None,
-            server_gpus, shared_gpu_server_memory, train_args, log_file, metrics_file, ckpt_bytes,
-        )  # fmt: skip
+    _run_training(
+        offline, run_dir, target, plan_path, server_cfg, hs_dtype, kept, gpus, cuda, server_gpus,
+        shared_gpu_server_memory, train_args, log_file, metrics_file, save_path, dcfg,
+    )  # fmt: skip
     final = keep_last_checkpoint(save_path, out_checkpoint)
     metrics = collect_metrics(metrics_file)
-    summary = {
-        "epochs": final[-1] + 1,  # epochs count from 0; earlier ones' checkpoints are pruned
-        "resumed_from_epoch": done[-1] if done else None,
-        "final_epoch": final[-1],
-        "hidden_states_mode": hs_mode,
-        "data_fraction": fraction,
-        "train_rows": train_rows,
-        "val_rows": num_rows - train_rows,
-        "per_epoch": metrics,
-        # Online and hybrid runs pass the server's URL, whose port differs per run: a stand-in
-        # records that the trainer extracts on demand without tying the record to a port.
-        "provenance": run_provenance(
-            trainer_args(**train_args, vllm_endpoint=None if offline else "<the run's extraction server>")
-        ),
-    }
-    if kept is not None:
-        summary["hidden_states_kept"] = len(list(kept.glob("hs_*.safetensors")))
+    summary = _training_summary(final, done, hs_mode, split, metrics, train_args, offline, kept)
     write_json(out_metrics, summary)
     plot_curves(metrics, out_curves, draft_algorithm(dcfg))
     prune_after_training(work, save_path, out_checkpoint)

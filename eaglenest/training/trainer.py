@@ -20,6 +20,61 @@ from eaglenest.training.metrics import METRICS_FILE_ENV
 log = logging.getLogger(__name__)
 
 
+def _input_flags(
+    target,
+    data_dir,
+    save_path,
+    draft_config,
+    d2t_npy,
+    t2d_npy,
+    draft_vocab_size: int,
+    aux_layer_ids: list[int],
+) -> list[str]:
+    """The flags naming the run's files and folders, its draft vocabulary and the aux layers."""
+    return [
+        "--verifier-name-or-path",
+        str(Path(target).resolve()),
+        "--data-path",
+        str(data_dir),
+        "--save-path",
+        str(save_path),
+        "--draft-config",
+        str(draft_config),
+        "--d2t-path",
+        str(d2t_npy),
+        "--t2d-path",
+        str(t2d_npy),
+        "--draft-vocab-size",
+        str(draft_vocab_size),
+        "--target-layer-ids",
+        *map(str, aux_layer_ids),
+    ]
+
+
+def _hyperparameter_flags(hp: dict) -> list[str]:
+    """The flags of the config's `train` hyperparameters that every run passes."""
+    return [
+        "--epochs",
+        str(hp["epochs"]),
+        "--lr",
+        str(hp["lr"]),
+        "--optimizer",
+        hp["optimizer"],
+        "--ttt-steps",
+        str(hp["ttt_steps"]),
+        "--total-seq-len",
+        str(hp["total_seq_len"]),
+        "--hidden-states-dtype",
+        hp["dtype"],
+        "--train-data-ratio",
+        str(hp["train_data_ratio"]),
+        "--num-workers",
+        str(hp["num_workers"]),
+        "--seed",
+        str(hp["seed"]),
+    ]
+
+
 def trainer_args(
     *,
     target: str,
@@ -47,40 +102,10 @@ def trainer_args(
     served files are hs_connectors' fp8."""
     args = [
         *trainer_flags(algorithm, hp.get(algorithm, {}), mask_token_id),
-        "--verifier-name-or-path",
-        str(Path(target).resolve()),
-        "--data-path",
-        str(data_dir),
-        "--save-path",
-        str(save_path),
-        "--draft-config",
-        str(draft_config),
-        "--d2t-path",
-        str(d2t_npy),
-        "--t2d-path",
-        str(t2d_npy),
-        "--draft-vocab-size",
-        str(draft_vocab_size),
-        "--target-layer-ids",
-        *map(str, aux_layer_ids),
-        "--epochs",
-        str(hp["epochs"]),
-        "--lr",
-        str(hp["lr"]),
-        "--optimizer",
-        hp["optimizer"],
-        "--ttt-steps",
-        str(hp["ttt_steps"]),
-        "--total-seq-len",
-        str(hp["total_seq_len"]),
-        "--hidden-states-dtype",
-        hp["dtype"],
-        "--train-data-ratio",
-        str(hp["train_data_ratio"]),
-        "--num-workers",
-        str(hp["num_workers"]),
-        "--seed",
-        str(hp["seed"]),
+        *_input_flags(
+            target, data_dir, save_path, draft_config, d2t_npy, t2d_npy, draft_vocab_size, aux_layer_ids
+        ),
+        *_hyperparameter_flags(hp),
         *(
             ["--on-missing", "generate", "--vllm-endpoint", vllm_endpoint]
             if vllm_endpoint
