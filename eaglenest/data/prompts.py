@@ -283,8 +283,8 @@ def sample_rows(rows: list, k: int | None, rng: random.Random) -> list:
     return [rows[i] for i in keep]
 
 
-def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
-    """Read, normalise, dedupe and sample all sources; return (rows, per-source stats, drops)."""
+def _checked_sources(sources) -> list[dict]:
+    """Each source checked; a list that is empty or repeats a name is refused."""
     if not isinstance(sources, (list, tuple)) or not sources:
         raise EaglenestError("prompts: 'sources' must be a non-empty list")
     checked = [_check_source(i, s) for i, s in enumerate(sources)]
@@ -292,6 +292,34 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise EaglenestError(f"prompts: source names must be unique, repeated: {', '.join(dupes)}")
+    return checked
+
+
+def _usable_rows(raw, name: str, seen: set[str]) -> tuple[list[dict], dict, int]:
+    """A source's rows normalised, less the unusable and those `seen` already (which it extends):
+    (usable rows, drops by reason, rows read)."""
+    drops = dict.fromkeys(DROP_REASONS, 0)
+    usable: list[dict] = []
+    n_in = 0
+    for row in raw:
+        n_in += 1
+        try:
+            messages = normalise_row(row)
+        except UnusableRow as d:
+            drops[d.reason] += 1
+            continue
+        pid = prompt_id(messages)
+        if pid in seen:
+            drops["duplicate"] += 1
+            continue
+        seen.add(pid)
+        usable.append({"id": pid, "source": name, "messages": messages})
+    return usable, drops, n_in
+
+
+def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
+    """Read, normalise, dedupe and sample all sources; return (rows, per-source stats, drops)."""
+    checked = _checked_sources(sources)
 
     seen: set[str] = set()
     total_drops = dict.fromkeys(DROP_REASONS, 0)
@@ -300,22 +328,7 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
     for src in checked:
         name = src["name"]
         raw, path = read_source(src)
-        drops = dict.fromkeys(DROP_REASONS, 0)
-        usable: list[dict] = []
-        n_in = 0
-        for row in raw:
-            n_in += 1
-            try:
-                messages = normalise_row(row)
-            except UnusableRow as d:
-                drops[d.reason] += 1
-                continue
-            pid = prompt_id(messages)
-            if pid in seen:
-                drops["duplicate"] += 1
-                continue
-            seen.add(pid)
-            usable.append({"id": pid, "source": name, "messages": messages})
+        usable, drops, n_in = _usable_rows(raw, name, seen)
         if not usable:
             why = ", ".join(f"{k}={v}" for k, v in drops.items() if v) or "it has no rows"
             raise EaglenestError(

@@ -503,6 +503,26 @@ def _check_settings(responses_path: Path, max_seq_len, overlong: str, multi_turn
         raise EaglenestError("file does not exist", responses_path)
 
 
+def _write_rows(tmp_data, encoded, tally: Tally, multi_turn: str) -> None:
+    """Write each encoded chunk's kept rows to `tmp_data`, tallying its records and failures."""
+    with open(tmp_data, "w", encoding="utf-8") as f:
+        for chunk, results in encoded:
+            tally.samples_in += chunk.records
+            for rid in chunk.failed:
+                tally.skip("regeneration_failed", rid)
+            tally.rows_in += len(chunk.rows)
+            f.write(tally.rows_as_lines(chunk.rows, results, multi_turn))
+
+
+def _reasoning_record(chat: ChatTurns, tally: Tally) -> dict:
+    """metadata.json's `reasoning`: how the template takes reasoning, and each turn's fate."""
+    return {
+        "passed_as": chat.reasoning_channel,
+        "assistant_turns_with_reasoning": sum(tally.fates.values()),
+        **tally.fates,
+    }
+
+
 def tokenize_stage(
     responses_path,
     target_dir,
@@ -549,25 +569,15 @@ def tokenize_stage(
         tmp_meta = stack.enter_context(atomic_path(out_metadata))
         tmp_freq = stack.enter_context(atomic_path(out_freq))
         tmp_data = stack.enter_context(atomic_path(out_data))
-        with open(tmp_data, "w", encoding="utf-8") as f:
-            chunks = _chunks(responses_path, multi_turn)
-            for chunk, results in _encoded(chunks, chat, responses_path, processes):
-                tally.samples_in += chunk.records
-                for rid in chunk.failed:
-                    tally.skip("regeneration_failed", rid)
-                tally.rows_in += len(chunk.rows)
-                f.write(tally.rows_as_lines(chunk.rows, results, multi_turn))
+        encoded = _encoded(_chunks(responses_path, multi_turn), chat, responses_path, processes)
+        _write_rows(tmp_data, encoded, tally, multi_turn)
         save_tensor(torch.from_numpy(tally.counts), tmp_freq)
         metadata = tally.metadata(
             multi_turn=multi_turn,
             chat_template_hash=chat_template_hash(tokenizer),
             target_name=target_name,
             target_revision=target_revision,
-            reasoning={
-                "passed_as": chat.reasoning_channel,
-                "assistant_turns_with_reasoning": sum(tally.fates.values()),
-                **tally.fates,
-            },
+            reasoning=_reasoning_record(chat, tally),
         )
         tmp_meta.write_text(json.dumps(metadata, indent=2) + "\n")
     _log_summary(metadata)

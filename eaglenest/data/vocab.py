@@ -236,24 +236,8 @@ def _validate_request(
     return kept
 
 
-def compute_vocab_mapping(
-    counts,
-    draft_vocab_size: int,
-    always_keep_ids: Iterable[int] = (),
-    *,
-    source=None,
-) -> VocabMapping:
-    """Select the draft ids from dense counts; one stable sort serves selection and coverage.
-
-    `counts` is a 1-D integer array or tensor over the whole target vocabulary; `source` only
-    names the input in error messages.
-    """
-    counts = np.asarray(counts, dtype=np.int64)
-    if counts.ndim != 1:
-        raise EaglenestError(f"expected 1-D counts, got shape {list(counts.shape)}", source)
-    target_vocab_size = int(counts.size)
-    kept = _validate_request(target_vocab_size, draft_vocab_size, always_keep_ids, source)
-    draft_vocab_size = int(draft_vocab_size)
+def _check_total(counts: np.ndarray, source) -> int:
+    """The counts' total; zero means there is nothing to choose from."""
     total = int(counts.sum())
     if total == 0:
         raise EaglenestError(
@@ -261,20 +245,32 @@ def compute_vocab_mapping(
             "choose a draft vocabulary from",
             source,
         )
+    return total
 
+
+def _select_ids(
+    counts: np.ndarray, kept: np.ndarray, draft_vocab_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kept ids and the top-ranked others: (t2d, the selected ids ascending, the ranked rest)."""
     # Rank by count descending, ties (zeros included) to the lower id: a stable ascending sort
     # of -count keeps equal keys in id order.
     order = np.argsort(-counts, kind="stable")
-    is_kept = np.zeros(target_vocab_size, dtype=bool)
+    is_kept = np.zeros(counts.size, dtype=bool)
     is_kept[kept] = True
     rest = order[~is_kept[order]]  # ranked non-kept ids; kept ids take the first slots
-    n_kept = int(kept.size)
 
     t2d = is_kept.copy()
-    t2d[rest[: draft_vocab_size - n_kept]] = True
+    t2d[rest[: draft_vocab_size - int(kept.size)]] = True
     selected = np.flatnonzero(t2d).astype(np.int64, copy=False)  # ascending
-    d2t = selected - np.arange(draft_vocab_size, dtype=np.int64)
+    return t2d, selected, rest
 
+
+def _coverage(
+    counts: np.ndarray, kept: np.ndarray, rest: np.ndarray, draft_vocab_size: int, total: int
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    """The chosen size's coverage figures, and the curve over every valid size (sizes, shares)."""
+    target_vocab_size = int(counts.size)
+    n_kept = int(kept.size)
     # Coverage for every valid size s at once: the kept ids' mass plus the top (s - n_kept)
     # others' mass, read off one cumulative sum.
     start = max(n_kept, 1)  # smaller sizes could not hold the kept ids
@@ -296,6 +292,31 @@ def compute_vocab_mapping(
             for s in coverage_sizes(target_vocab_size, draft_vocab_size, min_size=start)
         },
     }
+    return coverage, sizes, shares
+
+
+def compute_vocab_mapping(
+    counts,
+    draft_vocab_size: int,
+    always_keep_ids: Iterable[int] = (),
+    *,
+    source=None,
+) -> VocabMapping:
+    """Select the draft ids from dense counts; one stable sort serves selection and coverage.
+
+    `counts` is a 1-D integer array or tensor over the whole target vocabulary; `source` only
+    names the input in error messages.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 1:
+        raise EaglenestError(f"expected 1-D counts, got shape {list(counts.shape)}", source)
+    target_vocab_size = int(counts.size)
+    kept = _validate_request(target_vocab_size, draft_vocab_size, always_keep_ids, source)
+    draft_vocab_size = int(draft_vocab_size)
+    total = _check_total(counts, source)
+    t2d, selected, rest = _select_ids(counts, kept, draft_vocab_size)
+    d2t = selected - np.arange(draft_vocab_size, dtype=np.int64)
+    coverage, sizes, shares = _coverage(counts, kept, rest, draft_vocab_size=draft_vocab_size, total=total)
     return VocabMapping(
         torch.from_numpy(t2d),
         torch.from_numpy(d2t),

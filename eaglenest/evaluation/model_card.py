@@ -55,6 +55,53 @@ def software_section(metrics: dict) -> list[str]:
     return ["## Software", "", *(f"- {name} {v}" for name, v in versions.items() if v), ""]
 
 
+def _data_section(meta: dict, metrics: dict) -> list[str]:
+    """The card's lines for the training data: tokenize's counts and the trainer's rows."""
+    return [
+        "## Data",
+        "",
+        f"- {meta['samples_out']:,} conversations, {meta['tokens_total']:,} tokens, "
+        f"{meta['tokens_loss_masked']:,} of them trained on (the assistant's)",
+        f"- training rows {metrics.get('train_rows')}, validation rows {metrics.get('val_rows')}",
+        "",
+    ]
+
+
+def _training_section(hp: dict, draft_cfg: dict) -> list[str]:
+    """The card's lines for the train settings the draft was trained with."""
+    return [
+        "## Training",
+        "",
+        *(
+            f"- {key}: {hp[key]}"
+            for key in ("epochs", "lr", "optimizer", "ttt_steps", "total_seq_len")
+            if key in hp
+        ),
+        f"- norm_before_residual: {bool(draft_cfg.get('norm_before_residual', False))}",
+        "",
+    ]
+
+
+def _acceptance_section(accuracy: list[tuple[int, float]]) -> list[str]:
+    """The card's lines for the acceptance: the trainer's per-position accuracy, and where the
+    served figures will be."""
+    lines = ["## Acceptance", ""]
+    if accuracy:
+        lines.append("The trainer's validation accuracy per draft position at its last epoch:")
+        lines.append("")
+        lines += [f"- position {p}: {value:.3f}" for p, value in accuracy]
+    else:
+        lines.append("The trainer recorded no validation accuracy.")
+    lines += [
+        "",
+        "The served acceptance (tokens per target step, output tokens/s against no speculation, "
+        "losslessness) is measured after this export: the run's `eval/acceptance.json` and "
+        "`run_summary.csv`.",
+        "",
+    ]
+    return lines
+
+
 def model_card(
     *, engine: str, target, draft_cfg: dict, metrics_path, metadata_path, coverage_path, hp: dict, k: int
 ) -> str:
@@ -95,37 +142,10 @@ def model_card(
         f"- draft vocabulary: {cov['draft_vocab_size']:,} of the target's {cov['target_vocab_size']:,} tokens, "
         f"covering {cov['coverage']:.1%} of the training tokens",
         "",
-        "## Data",
-        "",
-        f"- {meta['samples_out']:,} conversations, {meta['tokens_total']:,} tokens, "
-        f"{meta['tokens_loss_masked']:,} of them trained on (the assistant's)",
-        f"- training rows {metrics.get('train_rows')}, validation rows {metrics.get('val_rows')}",
-        "",
-        "## Training",
-        "",
-        *(
-            f"- {key}: {hp[key]}"
-            for key in ("epochs", "lr", "optimizer", "ttt_steps", "total_seq_len")
-            if key in hp
-        ),
-        f"- norm_before_residual: {bool(draft_cfg.get('norm_before_residual', False))}",
-        "",
+        *_data_section(meta, metrics),
+        *_training_section(hp, draft_cfg),
         *software_section(metrics),
-        "## Acceptance",
-        "",
-    ]
-    if accuracy:
-        lines.append("The trainer's validation accuracy per draft position at its last epoch:")
-        lines.append("")
-        lines += [f"- position {p}: {value:.3f}" for p, value in accuracy]
-    else:
-        lines.append("The trainer recorded no validation accuracy.")
-    lines += [
-        "",
-        "The served acceptance (tokens per target step, output tokens/s against no speculation, "
-        "losslessness) is measured after this export: the run's `eval/acceptance.json` and "
-        "`run_summary.csv`.",
-        "",
+        *_acceptance_section(accuracy),
     ]
     return "\n".join(lines)
 

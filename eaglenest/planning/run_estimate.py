@@ -236,6 +236,42 @@ def _train_samples(cfg: dict, workdir: Path, basedir: Path, rebuilding: set[str]
     return max(total - held_out, 0), "config sources minus eval_samples"
 
 
+def _tokens_per_sample(cfg: dict) -> tuple[int | None, str]:
+    """The tokens a sample is expected to hold, and where that figure comes from."""
+    max_len = cfg.get("tokenize", {}).get("max_seq_len")
+    per = cfg.get("hidden_states", {}).get("expected_tokens_per_sample")
+    if per:
+        return (
+            min(int(per), int(max_len)) if max_len else int(per),
+            "hidden_states.expected_tokens_per_sample",
+        )
+    if max_len:
+        return int(max_len), "upper bound: tokenize.max_seq_len"
+    return None, "unknown"
+
+
+def _sample_and_token_counts(cfg: dict, workdir: Path, basedir: Path, rebuilding: set[str]) -> dict:
+    """The estimate's samples and tokens, and their basis: measured by tokenize when its metadata
+    is current, else estimated from the config."""
+    meta = _read_json(workdir / cfg["run_dir"] / "tokenized" / "metadata.json")
+    if meta and "tokenize" not in rebuilding and isinstance(meta.get("tokens_total"), int):
+        return {
+            "tokens": meta["tokens_total"],
+            "samples": meta.get("samples_out"),
+            "basis": "measured: tokenized/metadata.json",
+        }
+    samples, samples_from = _train_samples(cfg, workdir, basedir, rebuilding)
+    per, per_from = _tokens_per_sample(cfg)
+    counts = {
+        "samples": samples,
+        "tokens_per_sample": per,
+        "basis": f"estimate: samples from {samples_from}; tokens/sample from {per_from}",
+    }
+    if samples is not None and per is not None:
+        counts["tokens"] = samples * per
+    return counts
+
+
 def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) -> dict:
     """Bytes the hidden-state shards will take, measured or estimated (see module doc).
 
@@ -260,33 +296,7 @@ def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) 
         "tokens": None,
         "bytes": None,
     }
-    meta = _read_json(run / "tokenized" / "metadata.json")
-    if meta and "tokenize" not in rebuilding and isinstance(meta.get("tokens_total"), int):
-        est.update(
-            tokens=meta["tokens_total"],
-            samples=meta.get("samples_out"),
-            basis="measured: tokenized/metadata.json",
-        )
-    else:
-        samples, samples_from = _train_samples(cfg, workdir, basedir, rebuilding)
-        max_len = cfg.get("tokenize", {}).get("max_seq_len")
-        per = hs.get("expected_tokens_per_sample")
-        if per:
-            per, per_from = (
-                min(int(per), int(max_len)) if max_len else int(per),
-                "hidden_states.expected_tokens_per_sample",
-            )
-        elif max_len:
-            per, per_from = int(max_len), "upper bound: tokenize.max_seq_len"
-        else:
-            per, per_from = None, "unknown"
-        est.update(
-            samples=samples,
-            tokens_per_sample=per,
-            basis=f"estimate: samples from {samples_from}; tokens/sample from {per_from}",
-        )
-        if samples is not None and per is not None:
-            est["tokens"] = samples * per
+    est.update(_sample_and_token_counts(cfg, workdir, basedir, rebuilding))
     if est["tokens"] is not None and hidden and dtype_bytes:
         est["bytes"] = hidden_state_bytes(est["tokens"], hidden, dtype)
     max_len = cfg.get("tokenize", {}).get("max_seq_len")

@@ -60,6 +60,53 @@ def gpu_busy_share() -> float | None:
     return gpu_busy_seconds(inv, now) / (now - inv.start) if now > inv.start else None
 
 
+def _data_rows(target, cov: dict, meta: dict) -> list[tuple[str, object]]:
+    """The table's first rows: the target, the draft vocabulary and the training data."""
+    return [
+        ("target", target.name + (f" @ {target.commit[:12]}" if target.commit else "")),
+        ("target vocabulary", cov["target_vocab_size"]),
+        ("draft vocabulary", cov["draft_vocab_size"]),
+        ("draft vocabulary coverage", round(cov["coverage"], 4)),
+        ("training samples", meta["samples_out"]),
+        ("tokens (loss-masked)", f"{meta['tokens_total']} ({meta['tokens_loss_masked']})"),
+        (
+            "assistant turns trained",
+            f"{meta['assistant_turns']['masked']} of "
+            f"{meta['assistant_turns']['total']} ({meta['multi_turn']})",
+        ),
+        (
+            "reasoning in the training text",
+            f"{meta['reasoning']['rendered']} of "
+            f"{meta['reasoning']['assistant_turns_with_reasoning']} turns "
+            f"with reasoning",
+        ),
+    ]
+
+
+def _method_rows(acc: dict) -> list[tuple[str, object]]:
+    """Each method's acceptance, tokens/s and losslessness: on the held-out prompts, then on
+    each benchmark."""
+    rows = []
+    for method in ("no_spec", "ngram", "untrained_draft", "draft"):
+        r = acc[method]
+        rows.append(
+            (
+                f"{method}: mean acceptance length / tokens/s / lossless",
+                f"{r['mean_acceptance_length']:.3f} / {r['output_tokens_per_s']} / {r['lossless']}",
+            )
+        )
+    for name, bench in acc.get("benchmarks", {}).items():
+        for method in ("no_spec", "ngram", "untrained_draft", "draft"):
+            r = bench[method]
+            rows.append(
+                (
+                    f"{name} ({bench['conversations']} conversations), {method}: tokens per target step / tokens/s / lossless",
+                    f"{r['mean_acceptance_length']:.3f} / {r['output_tokens_per_s']} / {r['lossless']}",
+                )
+            )
+    return rows
+
+
 def summarize_run(
     *,
     target,
@@ -80,23 +127,7 @@ def summarize_run(
     acc, metrics = read_json(acceptance_path), read_json(metrics_path)
     cov, plan, meta = read_json(coverage_path), read_json(plan_path), read_json(metadata_path)
     rows = [
-        ("target", target.name + (f" @ {target.commit[:12]}" if target.commit else "")),
-        ("target vocabulary", cov["target_vocab_size"]),
-        ("draft vocabulary", cov["draft_vocab_size"]),
-        ("draft vocabulary coverage", round(cov["coverage"], 4)),
-        ("training samples", meta["samples_out"]),
-        ("tokens (loss-masked)", f"{meta['tokens_total']} ({meta['tokens_loss_masked']})"),
-        (
-            "assistant turns trained",
-            f"{meta['assistant_turns']['masked']} of "
-            f"{meta['assistant_turns']['total']} ({meta['multi_turn']})",
-        ),
-        (
-            "reasoning in the training text",
-            f"{meta['reasoning']['rendered']} of "
-            f"{meta['reasoning']['assistant_turns_with_reasoning']} turns "
-            f"with reasoning",
-        ),
+        *_data_rows(target, cov, meta),
         ("aux layer ids", plan["aux_layer_ids"]),
         ("hidden states", hidden_states_line(plan)),
         ("epochs", metrics["epochs"]),
@@ -105,23 +136,7 @@ def summarize_run(
         ("held-out prompts", acc["prompts"]),
         ("exported for", exports_line(sglang_export_path)),
     ]
-    for method in ("no_spec", "ngram", "untrained_draft", "draft"):
-        r = acc[method]
-        rows.append(
-            (
-                f"{method}: mean acceptance length / tokens/s / lossless",
-                f"{r['mean_acceptance_length']:.3f} / {r['output_tokens_per_s']} / {r['lossless']}",
-            )
-        )
-    for name, bench in acc.get("benchmarks", {}).items():
-        for method in ("no_spec", "ngram", "untrained_draft", "draft"):
-            r = bench[method]
-            rows.append(
-                (
-                    f"{name} ({bench['conversations']} conversations), {method}: tokens per target step / tokens/s / lossless",
-                    f"{r['mean_acceptance_length']:.3f} / {r['output_tokens_per_s']} / {r['lossless']}",
-                )
-            )
+    rows += _method_rows(acc)
     rows.append(
         (
             "GPU-busy share of this invocation",

@@ -72,20 +72,10 @@ def gguf_architecture(path) -> str:
         raise EaglenestError(f"not a readable GGUF file (truncated or corrupted?): {e}", path) from None
 
 
-def import_gguf(source, out_dir, *, dtype: str = "bfloat16", prompts=CHECK_PROMPTS) -> dict:
-    """Write the HF folder of the GGUF file `source` into `out_dir`; return the marker record.
-    The `import_gguf_target` rule runs it on `gguf_source(target.gguf)` and target.path.
-
-    Nothing is left at `out_dir` unless every step, the logit check included, succeeds."""
-    import torch
+def _dequantizable_architecture(source: Path) -> str:
+    """The file's architecture, refused unless transformers can dequantize it into a model."""
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    source = Path(source)
-    if dtype not in DTYPES:
-        raise EaglenestError(f"target.gguf.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    check_build_destination(str(out_dir), "gguf")
     architecture = gguf_architecture(source)
     if architecture not in supported_architectures():
         raise EaglenestError(
@@ -93,6 +83,15 @@ def import_gguf(source, out_dir, *, dtype: str = "bfloat16", prompts=CHECK_PROMP
             f"dequantize it into a model (it reads {', '.join(supported_architectures())})",
             source,
         )
+    return architecture
+
+
+def _dequantized_model(source: Path):
+    """The file's tokenizer and its float32 model, every tensor filled from the GGUF: (tokenizer, model)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
     folder, name = source.parent, source.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -109,6 +108,22 @@ def import_gguf(source, out_dir, *, dtype: str = "bfloat16", prompts=CHECK_PROMP
             f"{len(missing)} missing (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]})",
             source,
         )
+    return tokenizer, model
+
+
+def import_gguf(source, out_dir, *, dtype: str = "bfloat16", prompts=CHECK_PROMPTS) -> dict:
+    """Write the HF folder of the GGUF file `source` into `out_dir`; return the marker record.
+    The `import_gguf_target` rule runs it on `gguf_source(target.gguf)` and target.path.
+
+    Nothing is left at `out_dir` unless every step, the logit check included, succeeds."""
+    import torch
+
+    source = Path(source)
+    if dtype not in DTYPES:
+        raise EaglenestError(f"target.gguf.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_build_destination(str(out_dir), "gguf")
+    architecture = _dequantizable_architecture(source)
+    tokenizer, model = _dequantized_model(source)
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
         model.to(getattr(torch, dtype)).save_pretrained(tmp)

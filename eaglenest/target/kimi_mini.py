@@ -208,10 +208,9 @@ def write_tokenizer(folder: Path, ranks: dict[bytes, int]) -> dict[str, int]:
     return {tok: i for i, (tok, _) in added.items() if not tok.startswith("<|reserved_token_")}
 
 
-def model_config(*, num_layers: int, hidden_size: int, vocab_size: int, ids: dict[str, int]) -> dict:
-    """config.json in the hub's layout: the DeepSeek-V3 text model nested under text_config."""
-    token_ids = {"bos_token_id": ids["[BOS]"], "eos_token_id": ids["[EOS]"], "pad_token_id": ids["[PAD]"]}
-    text = {
+def _text_config(*, num_layers: int, hidden_size: int, vocab_size: int, token_ids: dict[str, int]) -> dict:
+    """config.json's text_config: the DeepSeek-V3 text model (MLA attention, MoE, yarn rope)."""
+    return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "kimi_k2",
         "vocab_size": vocab_size,
@@ -260,6 +259,14 @@ def model_config(*, num_layers: int, hidden_size: int, vocab_size: int, ids: dic
         "dtype": "float32",
         **token_ids,
     }
+
+
+def model_config(*, num_layers: int, hidden_size: int, vocab_size: int, ids: dict[str, int]) -> dict:
+    """config.json in the hub's layout: the DeepSeek-V3 text model nested under text_config."""
+    token_ids = {"bos_token_id": ids["[BOS]"], "eos_token_id": ids["[EOS]"], "pad_token_id": ids["[PAD]"]}
+    text = _text_config(
+        num_layers=num_layers, hidden_size=hidden_size, vocab_size=vocab_size, token_ids=token_ids
+    )
     return {
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
@@ -425,6 +432,30 @@ def vision_weights(vision: dict, text_hidden: int, seed: int) -> dict:
     return weights
 
 
+def _check_sizes(num_layers: int, hidden_size: int, bpe_vocab_size: int, pretrain_steps: int) -> None:
+    """Refuse sizes the miniature cannot be built or trained with."""
+    if num_layers < 8:
+        # The default aux layers [2, n//2, n-3] collide below 8 layers.
+        raise EaglenestError(f"num_layers must be at least 8, got {num_layers}")
+    if hidden_size < 8 or hidden_size % 2:
+        raise EaglenestError(f"hidden_size must be even and at least 8, got {hidden_size}")
+    if bpe_vocab_size <= 256:
+        raise EaglenestError(f"bpe_vocab_size must exceed the 256 byte tokens, got {bpe_vocab_size}")
+    if pretrain_steps < 0:
+        raise EaglenestError(f"pretrain_steps must not be negative, got {pretrain_steps}")
+
+
+def _write_configs(folder: Path, config: dict, ids: dict[str, int]) -> None:
+    """config.json, generation_config.json and the preprocessor config vLLM needs, into `folder`."""
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": ids["<|im_end|>"]}, indent=2) + "\n"
+    )
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n"
+    )
+
+
 def build_kimi_mini(
     out_dir,
     corpus_files,
@@ -439,15 +470,7 @@ def build_kimi_mini(
     model untrained (a quick build for tests where weights do not matter)."""
     from safetensors.torch import save_file
 
-    if num_layers < 8:
-        # The default aux layers [2, n//2, n-3] collide below 8 layers.
-        raise EaglenestError(f"num_layers must be at least 8, got {num_layers}")
-    if hidden_size < 8 or hidden_size % 2:
-        raise EaglenestError(f"hidden_size must be even and at least 8, got {hidden_size}")
-    if bpe_vocab_size <= 256:
-        raise EaglenestError(f"bpe_vocab_size must exceed the 256 byte tokens, got {bpe_vocab_size}")
-    if pretrain_steps < 0:
-        raise EaglenestError(f"pretrain_steps must not be negative, got {pretrain_steps}")
+    _check_sizes(num_layers, hidden_size, bpe_vocab_size, pretrain_steps)
     texts = corpus_from_prompts(list(corpus_files))
     started = time.monotonic()
     with atomic_path(out_dir, is_dir=True) as tmp:
@@ -457,13 +480,7 @@ def build_kimi_mini(
         # A tiny corpus can stop the BPE short of bpe_vocab_size: ids follow the ranks it has.
         vocab_size = len(ranks) + NUM_SPECIAL_IDS
         config = model_config(num_layers=num_layers, hidden_size=hidden_size, vocab_size=vocab_size, ids=ids)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"eos_token_id": ids["<|im_end|>"]}, indent=2) + "\n"
-        )
-        (tmp / "preprocessor_config.json").write_text(
-            json.dumps({"media_proc_cfg": MEDIA_PROC_CFG}, indent=2) + "\n"
-        )
+        _write_configs(tmp, config, ids)
 
         model = text_model(config, seed)
         losses = []
@@ -473,19 +490,14 @@ def build_kimi_mini(
             log.info("kimi mini trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0], losses[-1])
         save_file(hub_weights(model, config, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model.safetensors").chmod(0o644)  # safetensors writes it private
-        (tmp / BUILD_MARKER).write_text(
-            json.dumps(
-                {
-                    "built_by": BUILDERS["kimi_k25"],
-                    "seed": seed,
-                    "pretrain_steps": pretrain_steps,
-                    "loss_first": losses[0] if losses else None,
-                    "loss_last": losses[-1] if losses else None,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        marker = {
+            "built_by": BUILDERS["kimi_k25"],
+            "seed": seed,
+            "pretrain_steps": pretrain_steps,
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+        }
+        (tmp / BUILD_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     log.info(
         "kimi mini: %d layers, hidden %d, vocab %d (%d BPE), built in %.0f s -> %s",
         num_layers,

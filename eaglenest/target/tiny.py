@@ -133,6 +133,19 @@ def pretrain(
     return losses
 
 
+def _seeded_model(config, tokenizer, texts: list[str], *, steps: int, seed: int):
+    """The Llama of `config`, seeded, then pretrained on the corpus for `steps` steps (if any)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    if steps:
+        losses = pretrain(model, tokenizer, texts, steps=steps, seed=seed)
+        log.info("tiny target trained %d steps: loss %.2f -> %.2f", steps, losses[0], losses[-1])
+    return model
+
+
 def build_tiny_target(
     out_dir,
     prompt_files,
@@ -148,8 +161,7 @@ def build_tiny_target(
     seed: int = 0,
 ) -> Path:
     """Write a servable tiny Llama (config, weights, tokenizer, template) into `out_dir`."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig
 
     check_build_destination(str(out_dir), "llama")  # its folder is replaced whole: never a user's
     if num_layers < 8:
@@ -173,23 +185,14 @@ def build_tiny_target(
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    if pretrain_steps:
-        losses = pretrain(model, tokenizer, texts, steps=pretrain_steps, seed=seed)
-        log.info("tiny target trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0], losses[-1])
+    model = _seeded_model(config, tokenizer, texts, steps=pretrain_steps, seed=seed)
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(tmp)
-        (tmp / BUILD_MARKER).write_text(
-            json.dumps(
-                {"built_by": BUILDERS["llama"], "seed": seed, "pretrain_steps": pretrain_steps},
-                indent=2,
-            )
-            + "\n"
-        )
+        marker = {"built_by": BUILDERS["llama"], "seed": seed, "pretrain_steps": pretrain_steps}
+        (tmp / BUILD_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     log.info(
         "tiny target: %d layers, hidden %d, vocab %d -> %s", num_layers, hidden_size, vocab_size, out_dir
     )
