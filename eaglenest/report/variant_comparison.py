@@ -154,10 +154,43 @@ def _lines(rows: list[dict], key: str, keys: list[str]) -> list[tuple[str, list[
     return out
 
 
+def _draw_setting(ax_acc, ax_tps, rows: list[dict], key: str, keys: list[str]) -> None:
+    """One swept setting's column: each line of variants along `key`, acceptance above (held
+    out, the trainer's estimate, each benchmark), output tokens/s below, and the ticks."""
+    values = sorted({r[key] for r in rows})
+    # A setting named by words (algorithm) is drawn at evenly spaced places.
+    at = {v: v if isinstance(v, int | float) else i for i, v in enumerate(values)}
+    lines = _lines(rows, key, keys)
+    for label, members in lines:
+        xs = [at[m[key]] for m in members]
+        (line,) = ax_acc.plot(xs, [m["tokens_per_step"] for m in members], "o-", label=f"held out ({label})")
+        est = [m["val_estimate_tokens_per_draft"] for m in members]
+        if any(e is not None for e in est):
+            ax_acc.plot(xs, est, "x--", color=line.get_color(), label=f"trainer's estimate ({label})")
+        for bench, marker in zip(benchmark_names(rows), "s^vD", strict=False):
+            tokens = [m.get(f"{bench}_tokens_per_step") for m in members]
+            ax_acc.plot(xs, tokens, f"{marker}-.", color=line.get_color(), label=f"{bench} ({label})")
+        tps = [m["output_tokens_per_s"] for m in members]
+        ax_tps.plot(xs, tps, "o-", color=line.get_color(), label=label)
+    if not lines:
+        ax_acc.text(
+            0.5, 0.5, "no two variants differ in this setting alone", ha="center", transform=ax_acc.transAxes
+        )
+    labels = [format_setting(x) for x in values]
+    if key == "draft_vocab_size":  # coverage: the share of training tokens it holds
+        coverage = {r[key]: r["vocab_coverage"] for r in rows}
+        labels = [f"{x}\ncoverage {coverage[x]:.2f}" for x in values]
+    for ax in (ax_acc, ax_tps):
+        if key in LOG_AXES:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks([at[x] for x in values], labels)
+        ax.minorticks_off()
+
+
 def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out_png) -> None:
     """One column per swept setting: served tokens per target step on the held-out prompts
-    (solid), the trainer's estimate (dashed) and each benchmark (dash-dotted) above, output tokens/s below; the draft-vocabulary ticks carry the
-    vocabulary's coverage."""
+    (solid), the trainer's estimate (dashed) and each benchmark (dash-dotted) above, output
+    tokens/s below; the draft-vocabulary ticks carry the vocabulary's coverage."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,48 +200,9 @@ def plot_comparison(rows: list[dict], keys: list[str], no_spec_tokens_per_s, out
     fig, axes = plt.subplots(2, cols, figsize=(4.5 * cols, 7), squeeze=False)
     for c, key in enumerate(keys):
         ax_acc, ax_tps = axes[0][c], axes[1][c]
-        values = sorted({r[key] for r in rows})
-        # A setting named by words (algorithm) is drawn at evenly spaced places.
-        at = {v: v if isinstance(v, int | float) else i for i, v in enumerate(values)}
-        lines = _lines(rows, key, keys)
-        for label, members in lines:
-            xs = [at[m[key]] for m in members]
-            (line,) = ax_acc.plot(
-                xs, [m["tokens_per_step"] for m in members], "o-", label=f"held out ({label})"
-            )
-            est = [m["val_estimate_tokens_per_draft"] for m in members]
-            if any(e is not None for e in est):
-                ax_acc.plot(xs, est, "x--", color=line.get_color(), label=f"trainer's estimate ({label})")
-            for bench, marker in zip(benchmark_names(rows), "s^vD", strict=False):
-                ax_acc.plot(
-                    xs,
-                    [m.get(f"{bench}_tokens_per_step") for m in members],
-                    f"{marker}-.",
-                    color=line.get_color(),
-                    label=f"{bench} ({label})",
-                )
-            ax_tps.plot(
-                xs, [m["output_tokens_per_s"] for m in members], "o-", color=line.get_color(), label=label
-            )
-        if not lines:
-            ax_acc.text(
-                0.5,
-                0.5,
-                "no two variants differ in this setting alone",
-                ha="center",
-                transform=ax_acc.transAxes,
-            )
+        _draw_setting(ax_acc, ax_tps, rows, key, keys)
         if no_spec_tokens_per_s:
             ax_tps.axhline(no_spec_tokens_per_s, color="grey", linestyle=":", label="no speculation")
-        for ax in (ax_acc, ax_tps):
-            if key in LOG_AXES:
-                ax.set_xscale("log", base=2)
-            labels = [format_setting(x) for x in values]
-            if key == "draft_vocab_size":  # coverage: the share of training tokens it holds
-                coverage = {r[key]: r["vocab_coverage"] for r in rows}
-                labels = [f"{x}\ncoverage {coverage[x]:.2f}" for x in values]
-            ax.set_xticks([at[x] for x in values], labels)
-            ax.minorticks_off()
         ax_acc.set(title=f"Acceptance vs {key}", ylabel="tokens per target step", xlabel=key)
         ax_tps.set(title=f"Throughput vs {key}", ylabel="output tokens/s", xlabel=key)
         ax_acc.legend(fontsize="x-small")
@@ -300,6 +294,27 @@ def plot_data_scaling(rows: list[dict], keys: list[str], k: int, out_png) -> lis
     return fits
 
 
+def _log_comparison(rows: list[dict], fits: list[dict]) -> None:
+    """The data-scaling estimates and each variant's served acceptance, into the job's log."""
+    for f in fits:
+        log.info(
+            "data scaling (%s, %s): 2x data (%d rows) adds %+.3f tokens/step at the last step's slope, "
+            "%+.3f on the log-linear fit",
+            f["set"],
+            f["line"],
+            f["doubled_rows"],
+            f["last_step_estimated_gain_from_doubling"],
+            f["estimated_gain_from_doubling"],
+        )
+    for r in rows:
+        log.info(
+            "%s: %.3f tokens/step (trainer's estimate %s)",
+            r["variant"],
+            r["tokens_per_step"],
+            r["val_estimate_tokens_per_draft"],
+        )
+
+
 def read_draft_acceptance(path) -> dict:
     """A variant's evaluation (`eval/acceptance.json`): the trained draft's entry on the
     held-out prompts (`acceptance`) and on each benchmark it was evaluated on (`benchmarks`)."""
@@ -360,26 +375,11 @@ def compare_stage(
         out_per_position,
         title="Per-position acceptance of each variant",
     )
+    fits = []
     if out_scaling is not None:
         fits = plot_data_scaling(rows, keys, k, out_scaling_plot)
         write_json(
             out_scaling, {"fits": fits, "note": "estimates extrapolate a fit; only the points are measured"}
         )
-        for f in fits:
-            log.info(
-                "data scaling (%s, %s): 2x data (%d rows) adds %+.3f tokens/step at the last step's slope, "
-                "%+.3f on the log-linear fit",
-                f["set"],
-                f["line"],
-                f["doubled_rows"],
-                f["last_step_estimated_gain_from_doubling"],
-                f["estimated_gain_from_doubling"],
-            )
-    for r in rows:
-        log.info(
-            "%s: %.3f tokens/step (trainer's estimate %s)",
-            r["variant"],
-            r["tokens_per_step"],
-            r["val_estimate_tokens_per_draft"],
-        )
+    _log_comparison(rows, fits)
     return rows
