@@ -69,6 +69,43 @@ def check_algorithm(cfg: dict, weights: dict, draft_config: dict, hp: dict, sour
         )
 
 
+def _check_aux_ids_and_vocab_size(cfg: dict, dcfg: dict, *, d2t, ckpt: Path, draft_config_path) -> None:
+    """Refuse a checkpoint whose aux layer ids or draft vocabulary size are not the draft config's."""
+
+    def mismatch(what, ours, theirs, other):
+        raise EaglenestError(
+            f"{what} {theirs} in the checkpoint differs from {ours} in {other}", ckpt / "config.json"
+        )
+
+    if aux_layer_ids_of(cfg) != dcfg["aux_layer_ids"]:
+        mismatch("aux layer ids", dcfg["aux_layer_ids"], aux_layer_ids_of(cfg), draft_config_path)
+    if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg["draft_vocab_size"]:
+        mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"), draft_config_path)
+
+
+def _make_fields_explicit(cfg: dict, draft_config: dict, max_model_len: int, target) -> None:
+    """Write out in `cfg` what vLLM reads: a context of at least `max_model_len`, norm flags, verifier."""
+    layer_cfg = cfg["transformer_layer_config"]
+    layer_cfg["max_position_embeddings"] = max(layer_cfg.get("max_position_embeddings", 0), max_model_len)
+    for flag in NORM_FLAGS if draft_algorithm(draft_config) != "dflash" else ():
+        # Write every flag out: an absent one would fall back to an engine default. (EAGLE's
+        # only: a DFlash layer has none of these.)
+        cfg[flag] = bool(cfg.get(flag))
+    # The hub id for a hub target (portable: `vllm serve DRAFT` resolves it on any machine),
+    # else the local folder. Serving the target with --speculative-config never reads it.
+    cfg["speculators_config"]["verifier"]["name_or_path"] = target.hub_id or target.path
+
+
+def _write_draft_folder(out_dir, cfg: dict, *, ckpt: Path, target, card) -> None:
+    """Write the folder vLLM serves: the checkpoint's weights, `cfg` and, given `card`, a README.md."""
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        tmp.chmod(0o755)
+        shutil.copy(ckpt / "model.safetensors", tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        if card is not None:
+            (tmp / "README.md").write_text(model_card(engine="vllm", target=target, draft_cfg=cfg, **card))
+
+
 def export_stage(
     checkpoint_dir,
     out_dir,
@@ -94,15 +131,7 @@ def export_stage(
     t2d = torch.load(t2d_pt, weights_only=True)
     d2t = torch.load(d2t_pt, weights_only=True)
 
-    def mismatch(what, ours, theirs, other):
-        raise EaglenestError(
-            f"{what} {theirs} in the checkpoint differs from {ours} in {other}", ckpt / "config.json"
-        )
-
-    if aux_layer_ids_of(cfg) != dcfg["aux_layer_ids"]:
-        mismatch("aux layer ids", dcfg["aux_layer_ids"], aux_layer_ids_of(cfg), draft_config_path)
-    if cfg.get("draft_vocab_size") != dcfg["draft_vocab_size"] or len(d2t) != dcfg["draft_vocab_size"]:
-        mismatch("draft_vocab_size", dcfg["draft_vocab_size"], cfg.get("draft_vocab_size"), draft_config_path)
+    _check_aux_ids_and_vocab_size(cfg, dcfg, d2t=d2t, ckpt=ckpt, draft_config_path=draft_config_path)
     check_algorithm(cfg, weights, draft_config, hp, ckpt / "config.json")
     missing = [name for name in ("t2d", "d2t") if name not in weights]
     # speculators saves no mapping for a draft over the whole vocabulary (DFlash): nothing to
@@ -120,26 +149,13 @@ def export_stage(
     if int(t2d.sum()) != len(d2t):
         raise EaglenestError(f"t2d selects {int(t2d.sum())} ids but d2t has {len(d2t)}", t2d_pt)
 
-    layer_cfg = cfg["transformer_layer_config"]
-    layer_cfg["max_position_embeddings"] = max(layer_cfg.get("max_position_embeddings", 0), max_model_len)
-    for flag in NORM_FLAGS if draft_algorithm(draft_config) != "dflash" else ():
-        # Write every flag out: an absent one would fall back to an engine default. (EAGLE's
-        # only: a DFlash layer has none of these.)
-        cfg[flag] = bool(cfg.get(flag))
-    # The hub id for a hub target (portable: `vllm serve DRAFT` resolves it on any machine),
-    # else the local folder. Serving the target with --speculative-config never reads it.
-    cfg["speculators_config"]["verifier"]["name_or_path"] = target.hub_id or target.path
-    with atomic_path(out_dir, is_dir=True) as tmp:
-        tmp.chmod(0o755)
-        shutil.copy(ckpt / "model.safetensors", tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        if card is not None:
-            (tmp / "README.md").write_text(model_card(engine="vllm", target=target, draft_cfg=cfg, **card))
+    _make_fields_explicit(cfg, draft_config, max_model_len, target)
+    _write_draft_folder(out_dir, cfg, ckpt=ckpt, target=target, card=card)
     log.info(
         "exported draft to %s (aux %s, draft vocab %d, context %d)",
         out_dir,
         aux_layer_ids_of(cfg),
         cfg["draft_vocab_size"],
-        layer_cfg["max_position_embeddings"],
+        cfg["transformer_layer_config"]["max_position_embeddings"],
     )
     return cfg

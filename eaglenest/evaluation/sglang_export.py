@@ -214,6 +214,53 @@ def parity(vllm_dir: Path, params: dict, cfg: dict, seed: int = 0) -> dict:
     }
 
 
+def _keys_check(tensors: dict, cfg: dict) -> tuple[dict, dict]:
+    """SGLang's loader replayed on `tensors`: (the keys check's record, the parameters it filled)."""
+    params, hot_token_id, skipped = load_checkpoint(tensors, cfg)
+    missing = sorted(set(sglang_parameters(cfg)) - set(params))
+    # SGLang maps draft ids to target ids from d2t alone: they must be the ids t2d selects.
+    d2t_ok = hot_token_id is not None and torch.equal(
+        hot_token_id.sort().values, torch.nonzero(tensors["t2d"].bool()).flatten()
+    )
+    keys = {
+        "ok": not missing and not skipped and d2t_ok,
+        "missing": missing,
+        "skipped": skipped,
+        "parameters": len(params),
+        "d2t_selects_t2d": d2t_ok,
+    }
+    return keys, params
+
+
+def _export_checks(vllm_dir: Path, vllm_cfg: dict, cfg: dict, tensors: dict) -> dict:
+    """The keys, config and parity checks of the export (see the module's docstring)."""
+    keys, params = _keys_check(tensors, cfg)
+    problems = config_problems(cfg, vllm_cfg)
+    checks = {"keys": keys, "config": {"problems": problems, "ok": not problems}}
+    # The forward runs on what the loader filled: with a key check failed it would prove nothing.
+    checks["parity"] = (
+        parity(vllm_dir, params, cfg) if keys["ok"] else {"ok": None, "why": "not run: the keys check failed"}
+    )
+    return checks
+
+
+def _export_record(vllm_dir: Path, vllm_cfg: dict, checks: dict) -> dict:
+    """eaglenest_export.json: the sglang version, the export it came from, its checks, the server flags."""
+    window = vllm_cfg["transformer_layer_config"].get("sliding_window")
+    sliding = "sliding_attention" in (vllm_cfg["transformer_layer_config"].get("layer_types") or [])
+    return {
+        "engine": "sglang",
+        "sglang_version": SGLANG_VERSION,
+        "from": str(vllm_dir),
+        "checks": checks,
+        # The draft's attention window is a server flag in sglang, not a config field.
+        "server_args": [
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "<this folder>",
+            *(["--speculative-draft-window-size", str(window)] if sliding else []),
+        ],
+    }  # fmt: skip
+
+
 def export_sglang_stage(vllm_draft_dir, out_dir, *, target, card=None) -> dict:
     """vllm_draft_dir: export_draft's folder; `target`: the resolved target
     (eaglenest.target.resolve.Target); `card`: model_card's inputs, for the folder's README.md."""
@@ -228,44 +275,14 @@ def export_sglang_stage(vllm_draft_dir, out_dir, *, target, card=None) -> dict:
     cfg = sglang_config(vllm_cfg, architecture, source)
     tensors = renamed_for_sglang(load_file(str(vllm_dir / "model.safetensors")), cfg["num_hidden_layers"])
 
-    params, hot_token_id, skipped = load_checkpoint(tensors, cfg)
-    missing = sorted(set(sglang_parameters(cfg)) - set(params))
-    # SGLang maps draft ids to target ids from d2t alone: they must be the ids t2d selects.
-    d2t_ok = hot_token_id is not None and torch.equal(
-        hot_token_id.sort().values, torch.nonzero(tensors["t2d"].bool()).flatten()
-    )
-    keys = {
-        "ok": not missing and not skipped and d2t_ok,
-        "missing": missing,
-        "skipped": skipped,
-        "parameters": len(params),
-        "d2t_selects_t2d": d2t_ok,
-    }
-    problems = config_problems(cfg, vllm_cfg)
-    checks = {"keys": keys, "config": {"problems": problems, "ok": not problems}}
-    # The forward runs on what the loader filled: with a key check failed it would prove nothing.
-    checks["parity"] = (
-        parity(vllm_dir, params, cfg) if keys["ok"] else {"ok": None, "why": "not run: the keys check failed"}
-    )
+    checks = _export_checks(vllm_dir, vllm_cfg, cfg, tensors)
     failed = [name for name, check in checks.items() if check["ok"] is False]
     if failed:
         raise EaglenestError(
             f"the sglang export fails its {', '.join(failed)} check: {json.dumps(checks)}", out_dir
         )
 
-    window = vllm_cfg["transformer_layer_config"].get("sliding_window")
-    sliding = "sliding_attention" in (vllm_cfg["transformer_layer_config"].get("layer_types") or [])
-    record = {
-        "engine": "sglang",
-        "sglang_version": SGLANG_VERSION,
-        "from": str(vllm_dir),
-        "checks": checks,
-        # The draft's attention window is a server flag in sglang, not a config field.
-        "server_args": [
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "<this folder>",
-            *(["--speculative-draft-window-size", str(window)] if sliding else []),
-        ],
-    }  # fmt: skip
+    record = _export_record(vllm_dir, vllm_cfg, checks)
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))

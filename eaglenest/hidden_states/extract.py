@@ -188,6 +188,58 @@ def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
     return rows
 
 
+def _hidden_states_requester(server: Server, concurrency: int, stall_timeout_s: float):
+    """A `request(i, row)` that has the server extract a row and returns the path of the file it wrote."""
+    import openai
+    from speculators.data_generation.vllm_client import generate_hidden_states
+
+    # A shard must be whole: a request that fails twice, or a server silent for
+    # stall_timeout_s (hung), fails the job; the finished shards stay.
+    client = openai.OpenAI(
+        base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
+    )
+    watch = StallWatch(server, stall_timeout_s)
+    in_engine = threading.BoundedSemaphore(concurrency)
+
+    def request(i: int, row: dict) -> str:
+        ids = row["input_ids"]
+        try:
+            with in_engine:
+                _handle, params = generate_hidden_states(
+                    client, SERVED_NAME, {"input_ids": ids}, timeout=stall_timeout_s
+                )
+        except openai.APIError as e:
+            watch.check(e)
+            raise ServerError(
+                f"row {i} (id {row['id']}): the server failed it twice: {e}", server.log_path
+            ) from e
+        watch.answered()
+        return params["hidden_states_path"]
+
+    return request
+
+
+def _store_engine_file(
+    path: str, tmp: Path, item: tuple[int, dict], *, tokenized_path, hidden_size: int, dtype: str, tally
+) -> tuple[int, str, dict]:
+    """Check row `item`'s engine file at `path` and store it in `tmp`: return (tokens, file name, record)."""
+    from safetensors.torch import load as load_bytes
+
+    i, row = item
+    ids = row["input_ids"]
+    raw = _engine_file_bytes(path)
+    data = load_bytes(raw)
+    validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
+    out = tmp / f"hs_{i}.safetensors"
+    if in_stored_format(data, dtype):
+        shutil.move(path, out)
+        record = bytes_record(raw)
+    else:
+        record = _save(out, values_of(data), data["token_ids"], dtype, tally)
+        os.remove(path)
+    return len(ids), out.name, record
+
+
 def extract_shard_vllm(
     server: Server,
     tokenized_path,
@@ -210,47 +262,18 @@ def extract_shard_vllm(
     checked and stored after its request slot is freed, so the engine gets its next row while
     the client writes. Each file is read once (its checksum taken from the bytes in hand)."""
     import openai
-    from safetensors.torch import load as load_bytes
-    from speculators.data_generation.vllm_client import generate_hidden_states
 
     start, stop = shard_bounds(num_rows, num_shards, shard)
     rows = read_rows(tokenized_path, start, stop)
-    # A shard must be whole: a request that fails twice, or a server silent for
-    # stall_timeout_s (hung), fails the job; the finished shards stay.
-    client = openai.OpenAI(
-        base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
-    )
-    watch = StallWatch(server, stall_timeout_s)
-    in_engine = threading.BoundedSemaphore(concurrency)
+    request = _hidden_states_requester(server, concurrency, stall_timeout_s)
     tally = fp8.SlotErrorTally()
     t0 = time.monotonic()
 
     def one(item, tmp: Path):
-        i, row = item
-        ids = row["input_ids"]
-        try:
-            with in_engine:
-                _handle, params = generate_hidden_states(
-                    client, SERVED_NAME, {"input_ids": ids}, timeout=stall_timeout_s
-                )
-        except openai.APIError as e:
-            watch.check(e)
-            raise ServerError(
-                f"row {i} (id {row['id']}): the server failed it twice: {e}", server.log_path
-            ) from e
-        watch.answered()
-        path = params["hidden_states_path"]
-        raw = _engine_file_bytes(path)
-        data = load_bytes(raw)
-        validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
-        out = tmp / f"hs_{i}.safetensors"
-        if in_stored_format(data, dtype):
-            shutil.move(path, out)
-            record = bytes_record(raw)
-        else:
-            record = _save(out, values_of(data), data["token_ids"], dtype, tally)
-            os.remove(path)
-        return len(ids), out.name, record
+        path = request(*item)
+        return _store_engine_file(
+            path, tmp, item, tokenized_path=tokenized_path, hidden_size=hidden_size, dtype=dtype, tally=tally
+        )
 
     with atomic_path(out_dir, is_dir=True) as tmp:
         # Twice the request slots: while `concurrency` rows are in the engine, as many finished
