@@ -106,6 +106,18 @@ def speculators_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "speculators", *args]
 
 
+def regenerate_sampling_flags(rg: dict) -> list[str]:
+    """regenerate-responses' flags for the run's `regenerate` settings; as in eaglenest, a
+    setting the config leaves out is not sent (the server's default applies)."""
+    flags = ["--max-tokens", str(rg["max_tokens"])] if "max_tokens" in rg else []
+    if "temperature" in rg:
+        # A temperature distribution (JSON), not a number: a plain 0 crashes it.
+        flags += ["--temperature", json.dumps({str(float(rg["temperature"])): 1.0})]
+    if "top_p" in rg:
+        flags += ["--sampling-params", json.dumps({"top_p": rg["top_p"]})]
+    return flags
+
+
 def speculators_arm(
     cfg: dict, target, run_dir: Path, scratch: Path, epochs, extra_train_args, train: bool = True
 ) -> dict:
@@ -164,10 +176,7 @@ def speculators_arm(
             speculators_cmd(
                 "regenerate-responses", "--endpoint", f"{server.api_url}/chat/completions",
                 "--model", target.path, "--dataset", str(run_dir / "prompts" / "prompts.jsonl"),
-                "--outfile", str(regen), "--max-tokens", str(rg["max_tokens"]),
-                # A temperature distribution (JSON), not a number: a plain 0 crashes it.
-                "--temperature", json.dumps({str(float(rg["temperature"])): 1.0}),
-                "--sampling-params", json.dumps({"top_p": rg["top_p"]}),
+                "--outfile", str(regen), *regenerate_sampling_flags(rg),
             ),
             scratch, logs / "regenerate-responses.log",
         )  # fmt: skip
