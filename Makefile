@@ -27,7 +27,7 @@ test-fast: env
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto tests -m "not engine and not slurm"
 
 # Lint, format, the package's layer contract (.importlinter) and workflow checks (CI runs them
-# before the tests), and a dry run of every shipped config.
+# before the tests), and a dry run of every shipped config and of the real-model study overlay.
 lint: env
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
@@ -39,6 +39,8 @@ lint: env
 	    || { cat .snakemake-dry-run.log; echo "dry run failed: $$c"; exit 1; }; \
 	  echo "dry run ok: $$c ($$(grep -E '^total' .snakemake-dry-run.log | tail -1 | awk '{print $$2}') jobs)"; \
 	done; rm -f .snakemake-dry-run.log
+	@HF_HUB_OFFLINE=1 $(SNAKEMAKE) -n -q --configfile config/smollm2.yaml benchmarks/configs/smollm2_study.yaml \
+	  > /dev/null && echo "dry run ok: config/smollm2.yaml + benchmarks/configs/smollm2_study.yaml"
 
 clean:
 	rm -rf results .snakemake report.html
