@@ -222,6 +222,12 @@ def tensor_parallel_size(base_args) -> int:
     return int(args[args.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in args[:-1] else 1
 
 
+def noise_floor_margin(floor: float, prompts: int) -> float:
+    """How far under n-gram's identical fraction a lossless draft may land by chance: two
+    binomial standard errors and one prompt."""
+    return 2 * (floor * (1 - floor) / prompts) ** 0.5 + 1 / prompts
+
+
 def judge_against_noise_floor(results: dict, floor: float, prompts: int) -> None:
     """Across tensor-parallel ranks a correct draft's greedy outputs can differ from no
     speculation's: verification runs other batch shapes, and vLLM's reductions are not
@@ -229,7 +235,7 @@ def judge_against_noise_floor(results: dict, floor: float, prompts: int) -> None
     differs under it is the engine's own noise: its identical fraction is the floor. A draft
     is lossless when its identical fraction is within two binomial standard errors (and one
     prompt) of that floor; far below it is a speculation bug. The strict figure is kept."""
-    margin = 2 * (floor * (1 - floor) / prompts) ** 0.5 + 1 / prompts
+    margin = noise_floor_margin(floor, prompts)
     for method, r in results.items():
         if method in ("no_spec", "ngram"):
             continue
