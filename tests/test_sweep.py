@@ -268,6 +268,41 @@ def test_comparison_sets_each_variant_beside_the_trainers_estimate(tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_algorithm_sweep_is_drawn_as_points_in_the_variants_order():
+    # Algorithms have no order: joining them by lines (or sorting them by name) would show a
+    # trend that is not there. Numbers keep their lines.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eaglenest.report.variant_comparison import _draw_setting
+
+    def row(algorithm, fraction, tokens):
+        return {
+            "algorithm": algorithm,
+            "data_fraction": fraction,
+            "tokens_per_step": tokens,
+            "val_estimate_tokens_per_draft": None,
+            "output_tokens_per_s": 100.0,
+        }
+
+    fig, (acc, tps) = plt.subplots(2)
+    rows = [row("eagle3", 1.0, 1.15), row("p_eagle", 1.0, 1.12), row("dflash", 1.0, 1.11)]
+    _draw_setting(acc, tps, rows, "algorithm", ["algorithm"])
+    assert [t.get_text() for t in acc.get_xticklabels()] == ["eagle3", "p_eagle", "dflash"]
+    points = dict(zip(acc.lines[0].get_xdata(), acc.lines[0].get_ydata(), strict=True))
+    assert points == {0: 1.15, 1: 1.12, 2: 1.11}  # each algorithm above its own tick
+    assert all(line.get_linestyle() == "None" for line in acc.lines + tps.lines)
+
+    fig, (acc, tps) = plt.subplots(2)
+    rows = [row("eagle3", 1.0, 1.15), row("eagle3", 0.25, 1.04), row("eagle3", 0.5, 1.08)]
+    _draw_setting(acc, tps, rows, "data_fraction", ["data_fraction"])
+    assert list(acc.lines[0].get_xdata()) == [0.25, 0.5, 1.0]
+    assert acc.lines[0].get_linestyle() == "-"
+    plt.close("all")
+
+
 def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path):
     from eaglenest.evaluation.evaluate import reference_answers
 

@@ -157,21 +157,44 @@ def _lines(rows: list[dict], key: str, keys: list[str]) -> list[tuple[str, list[
 def _draw_setting(ax_acc, ax_tps, rows: list[dict], key: str, keys: list[str]) -> None:
     """One swept setting's column: each line of variants along `key`, acceptance above (held
     out, the trainer's estimate, each benchmark), output tokens/s below, and the ticks."""
-    values = sorted({r[key] for r in rows})
-    # A setting named by words (algorithm) is drawn at evenly spaced places.
-    at = {v: v if isinstance(v, int | float) else i for i, v in enumerate(values)}
+    numeric = all(isinstance(r[key], int | float) for r in rows)
+    # A setting named by words (algorithm) has no order: its values stand at evenly spaced
+    # places in the order the variants come (the base first), as points, not joined by lines.
+    values = sorted({r[key] for r in rows}) if numeric else list(dict.fromkeys(r[key] for r in rows))
+    at = {v: v if numeric else i for i, v in enumerate(values)}
+    solid, dashed, dash_dot = ("-", "--", "-.") if numeric else ("none", "none", "none")
     lines = _lines(rows, key, keys)
     for label, members in lines:
         xs = [at[m[key]] for m in members]
-        (line,) = ax_acc.plot(xs, [m["tokens_per_step"] for m in members], "o-", label=f"held out ({label})")
+        (line,) = ax_acc.plot(
+            xs,
+            [m["tokens_per_step"] for m in members],
+            marker="o",
+            linestyle=solid,
+            label=f"held out ({label})",
+        )
         est = [m["val_estimate_tokens_per_draft"] for m in members]
         if any(e is not None for e in est):
-            ax_acc.plot(xs, est, "x--", color=line.get_color(), label=f"trainer's estimate ({label})")
+            ax_acc.plot(
+                xs,
+                est,
+                marker="x",
+                linestyle=dashed,
+                color=line.get_color(),
+                label=f"trainer's estimate ({label})",
+            )
         for bench, marker in zip(benchmark_names(rows), "s^vD", strict=False):
             tokens = [m.get(f"{bench}_tokens_per_step") for m in members]
-            ax_acc.plot(xs, tokens, f"{marker}-.", color=line.get_color(), label=f"{bench} ({label})")
+            ax_acc.plot(
+                xs,
+                tokens,
+                marker=marker,
+                linestyle=dash_dot,
+                color=line.get_color(),
+                label=f"{bench} ({label})",
+            )
         tps = [m["output_tokens_per_s"] for m in members]
-        ax_tps.plot(xs, tps, "o-", color=line.get_color(), label=label)
+        ax_tps.plot(xs, tps, marker="o", linestyle=solid, color=line.get_color(), label=label)
     if not lines:
         ax_acc.text(
             0.5, 0.5, "no two variants differ in this setting alone", ha="center", transform=ax_acc.transAxes
