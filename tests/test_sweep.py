@@ -287,7 +287,7 @@ def test_an_algorithm_sweep_is_drawn_as_points_in_the_variants_order():
             "output_tokens_per_s": 100.0,
         }
 
-    fig, (acc, tps) = plt.subplots(2)
+    _, (acc, tps) = plt.subplots(2)
     rows = [row("eagle3", 1.0, 1.15), row("p_eagle", 1.0, 1.12), row("dflash", 1.0, 1.11)]
     _draw_setting(acc, tps, rows, "algorithm", ["algorithm"])
     assert [t.get_text() for t in acc.get_xticklabels()] == ["eagle3", "p_eagle", "dflash"]
@@ -295,7 +295,7 @@ def test_an_algorithm_sweep_is_drawn_as_points_in_the_variants_order():
     assert points == {0: 1.15, 1: 1.12, 2: 1.11}  # each algorithm above its own tick
     assert all(line.get_linestyle() == "None" for line in acc.lines + tps.lines)
 
-    fig, (acc, tps) = plt.subplots(2)
+    _, (acc, tps) = plt.subplots(2)
     rows = [row("eagle3", 1.0, 1.15), row("eagle3", 0.25, 1.04), row("eagle3", 0.5, 1.08)]
     _draw_setting(acc, tps, rows, "data_fraction", ["data_fraction"])
     assert list(acc.lines[0].get_xdata()) == [0.25, 0.5, 1.0]
