@@ -72,6 +72,8 @@ def main() -> None:
         "--passes", type=int, default=3, help="passes over the prompts per server; tokens/s is their median"
     )
     args = ap.parse_args()
+    if args.passes < 1:
+        ap.error("--passes must be at least 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ks = sorted(set(args.k) | {3})
 
@@ -138,13 +140,19 @@ def main() -> None:
             # one pass slowed by something else on the machine does not decide it.
             speeds = [result["output_tokens_per_s"]]
             for _ in range(args.passes - 1):
-                again, _ = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
+                again, _answers = evaluate_method(
+                    server, prompts, k=k, spec_decoding=method != "no_spec", **gen
+                )
                 speeds.append(again["output_tokens_per_s"])
             result["output_tokens_per_s"] = statistics.median(speeds)
             result["output_tokens_per_s_passes"] = speeds
         finally:
             stop_pid(server.pid)
         return result, {o["id"]: o["token_ids"] for o in outs}
+
+    def equal_share(texts: dict, reference: dict) -> float:
+        """The share of prompts whose output equals no speculation's, token for token."""
+        return sum(texts[i] == reference[i] for i in reference) / len(reference)
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-drafters-", dir="/tmp") as tmp:
@@ -155,7 +163,7 @@ def main() -> None:
             f"(passes {plain['output_tokens_per_s_passes']})"
         )
         ngram, texts = serve("ngram", None, 3, tmp, "ngram-k3")
-        floor = sum(texts[i] == reference[i] for i in reference) / len(reference)
+        floor = equal_share(texts, reference)
         print(
             f"n-gram k=3: {ngram['mean_acceptance_length']:.3f} tokens/step, "
             f"{ngram['output_tokens_per_s']:.1f} tok/s, outputs equal {floor:.0%} (the noise floor)"
@@ -165,7 +173,7 @@ def main() -> None:
             by_k = {}
             for k in ks:
                 result, texts = serve("draft", folder, k, tmp, f"{algorithm}-k{k}")
-                result["equal"] = sum(texts[i] == reference[i] for i in reference) / len(reference)
+                result["equal"] = equal_share(texts, reference)
                 by_k[k] = result
                 print(
                     f"{algorithm:<8} k={k}: {result['mean_acceptance_length']:.3f} tokens/step, per position "
