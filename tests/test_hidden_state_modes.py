@@ -2,8 +2,9 @@
 
 The fast tests check the plan (each mode's peak disk, the refusal's ways out) and the fp8 file
 format against the trainer's own reader (hs_connectors). The engine tests run the real
-workflow: online training extracts everything from the run's server and leaves no hidden-state
-file behind; hybrid training, killed and resumed, extracts each sample once and keeps it.
+workflow: online training of the seed miniature in fp8 extracts everything from the run's server
+each epoch and leaves no hidden-state file behind; hybrid training in bfloat16, killed and
+resumed, extracts each sample once and keeps it.
 """
 
 from __future__ import annotations
@@ -264,9 +265,8 @@ def hidden_state_files(run_dir: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def modes_run(tmp_path_factory, untrained_target):
-    """24 prompts on the untrained tiny target (weights do not matter here), trained online for
-    2 epochs up to train_metrics.json, with the plan Snakemake made for it first. The online test
-    reads it and the hybrid test switches its mode, so either runs alone (`pytest -k hybrid`)."""
+    """24 prompts on the untrained tiny target (weights do not matter here), run up to what
+    training in any mode starts from: the tokenized rows, the draft's vocabulary and config."""
     workdir = tmp_path_factory.mktemp("modes")
     cfg = default_config()
     cfg["target"]["path"] = str(untrained_target)
@@ -275,12 +275,11 @@ def modes_run(tmp_path_factory, untrained_target):
     cfg["prompts"]["eval_samples"] = 4
     cfg["regenerate"]["max_tokens"] = 48
     cfg["train"]["epochs"] = 2
-    cfg["hidden_states"]["mode"] = "online"
     configfile = write_config(workdir, cfg)
-    target = f"{cfg['run_dir']}/train/train_metrics.json"
-    planned = planned_jobs(snakemake(workdir, configfile, "-n", target))
-    snakemake(workdir, configfile, "--cores", "2", target)
-    return {"workdir": workdir, "cfg": cfg, "run_dir": workdir / cfg["run_dir"], "planned_online": planned}
+    rd = cfg["run_dir"]
+    upstream = [f"{rd}/tokenized/metadata.json", f"{rd}/vocab/t2d.pt", f"{rd}/draft_config.json"]
+    snakemake(workdir, configfile, "--cores", "2", *upstream)
+    return {"workdir": workdir, "cfg": cfg, "run_dir": workdir / rd}
 
 
 def rows(run_dir: Path) -> list[list[int]]:
@@ -289,26 +288,12 @@ def rows(run_dir: Path) -> list[list[int]]:
 
 
 @pytest.mark.engine
-def test_online_training_extracts_from_the_runs_server_and_stores_nothing(modes_run):
-    cfg, run_dir, planned = modes_run["cfg"], modes_run["run_dir"], modes_run["planned_online"]
-    assert "extract_hidden_states" not in planned and planned["train_draft"] == 1
-    n = len(rows(run_dir))
-    # Every epoch sends every row, training and validation split, to the server once.
-    assert extraction_requests(run_dir) == cfg["train"]["epochs"] * n
-    assert hidden_state_files(run_dir) == []
-    assert not list((run_dir / "hidden_states").glob("shard_*"))
-    metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
-    assert metrics["hidden_states_mode"] == "online" and metrics["final_epoch"] == 1
-    log = (run_dir / "logs" / "train_draft.log").read_text()
-    assert "--on-missing generate --vllm-endpoint http://127.0.0.1:" in log
-
-
-@pytest.mark.engine
 def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run):
-    """On the online run: switching mode reruns training only. In fp8, so that the engine's
-    fp8 connector and the trainer's fp8 reader are exercised as well."""
+    """Hybrid in bfloat16, killed in its first epoch and resumed: the rows kept before the kill
+    are read back, the rest extracted, none twice. (Online in fp8, the other wire format, is the
+    seed miniature's test below.)"""
     workdir, cfg, run_dir = modes_run["workdir"], modes_run["cfg"], modes_run["run_dir"]
-    cfg = {**cfg, "hidden_states": {**cfg["hidden_states"], "mode": "hybrid", "dtype": FP8}}
+    cfg = {**cfg, "hidden_states": {**cfg["hidden_states"], "mode": "hybrid", "dtype": "bfloat16"}}
     configfile = write_config(workdir, cfg, "hybrid.yaml")
     target = f"{cfg['run_dir']}/train/train_metrics.json"
     planned = planned_jobs(snakemake(workdir, configfile, "-n", target))
@@ -350,7 +335,7 @@ def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run)
 
     for p, ids in zip(files, rows(run_dir)):
         data = load_file(str(p))
-        assert data["hidden_states"].dtype == torch.float8_e4m3fn
+        assert data["hidden_states"].dtype == torch.bfloat16
         validate_sample(data, ids, 128, str(p))
     metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
     assert metrics["hidden_states_mode"] == "hybrid" and metrics["hidden_states_kept"] == n
@@ -361,8 +346,9 @@ def test_hybrid_training_killed_and_resumed_extracts_each_sample_once(modes_run)
 def test_the_seed_miniature_trains_online_in_fp8_and_stores_nothing(kimi_mini_run, tmp_path):
     """The Kimi-K2.5 miniature (MLA, MoE, nested multimodal config, remote-code tokenizer),
     copied whole into another folder (a moved checkout: nothing to do), then switched to online
-    fp8 there: only training reruns, the engine's
-    fp8 connector and the trainer's fp8 reader meet over the wire, and nothing is stored."""
+    fp8 there: only training reruns, every epoch sends every row to the run's server, the
+    engine's fp8 connector and the trainer's fp8 reader meet over the wire, and nothing is
+    stored."""
     import shutil
     import stat
 
@@ -399,4 +385,6 @@ def test_the_seed_miniature_trains_online_in_fp8_and_stores_nothing(kimi_mini_ru
     metrics = json.loads((run_dir / "train" / "train_metrics.json").read_text())
     assert metrics["hidden_states_mode"] == "online"
     assert metrics["final_epoch"] == cfg["train"]["epochs"] - 1
-    assert "--hidden-states-backend fp8" in (run_dir / "logs" / "train_draft.log").read_text()
+    log = (run_dir / "logs" / "train_draft.log").read_text()
+    assert "--hidden-states-backend fp8" in log
+    assert "--on-missing generate --vllm-endpoint http://127.0.0.1:" in log  # the run's own server

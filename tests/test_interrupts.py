@@ -83,12 +83,13 @@ def tree_digests(root: Path, pattern: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory, default_run):
-    """A workdir with the default config on 80 prompts. Its target is the default run's tiny
-    target, already built (one build per suite: the 1,200-step build takes minutes)."""
+def small_run(tmp_path_factory, untrained_target):
+    """A workdir with the default config on 80 prompts. Its target is the untrained tiny target
+    (how a stage stops and resumes does not depend on the weights), so these tests run while
+    the shared runs build, instead of after the default run's 1,200-step target build."""
     workdir = tmp_path_factory.mktemp("interrupts")
     cfg = default_config()
-    cfg["target"]["path"] = str(default_run["run_dir"] / "target")
+    cfg["target"]["path"] = str(untrained_target)
     cfg["target"]["build_tiny"] = None
     cfg["prompts"]["sources"] = [{"name": "default", "type": "bundled", "samples": 80}]
     cfg["prompts"]["eval_samples"] = 4
