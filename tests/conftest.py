@@ -277,11 +277,11 @@ def start_shared_runs(request) -> None:
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that read no shared run first, then those reading the Kimi miniature's (the shorter
-    run), then those reading the default run: while the shared runs build in the background the
-    session works through tests that need neither, instead of waiting for one. Stable, so each
-    module's tests keep their order."""
-    ready_order = ("kimi_mini_run", "default_run")  # the order the shared runs end in
+    """Tests that read no shared run first, then those reading the Kimi miniature's run (the
+    shorter one alone), then those reading the default run: while the shared runs build in the
+    background the session works through tests that need neither, instead of waiting for one.
+    Stable, so each module's tests keep their order."""
+    ready_order = ("kimi_mini_run", "default_run")
 
     def group(item) -> int:
         return max((k + 1 for k, name in enumerate(ready_order) if name in item.fixturenames), default=0)
