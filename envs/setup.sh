@@ -47,3 +47,8 @@ if [[ $slurm == 1 ]] && ! newer_than_all "$slurm_stamp" envs/requirements-slurm.
   touch "$slurm_stamp"
   echo "SLURM executor ready: .venv (envs/requirements-slurm.txt)"
 fi
+# An editable install leaves the package uncompiled, and where Python writes no bytecode
+# (PYTHONDONTWRITEBYTECODE, common in containers and CI) every process, each `snakemake` call
+# and each job, compiled it again: 0.1 to 0.2 s of each dry run. Compiled here, as pip does for
+# an installed package; a file edited since is recompiled by Python, so no edit is missed.
+.venv/bin/python -m compileall -q eaglenest
