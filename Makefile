@@ -19,12 +19,14 @@ report: env
 # change fails in two minutes), then the engine tests and the end-to-end runs. -rs names the
 # reason of every skip; --durations lists the slowest, for CI's time budget.
 test: env
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto -x tests -m "not engine and not slurm"
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto --dist worksteal -x tests -m "not engine and not slurm"
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider --durations=25 tests -m "engine or slurm"
 
 # Every unit test, no engine and no end-to-end run, one pytest worker per core (pytest-xdist).
+# worksteal: an idle worker takes queued tests from a busy one, so the suite's few long tests
+# (real Snakemake runs, hung-server bounds) do not leave one core idle at the end.
 test-fast: env
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto tests -m "not engine and not slurm"
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto --dist worksteal tests -m "not engine and not slurm"
 
 # Lint, format, the package's layer contract (.importlinter) and workflow checks (CI runs them
 # before the tests), and a dry run of every shipped config and of the real-model study overlay.
