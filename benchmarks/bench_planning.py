@@ -11,8 +11,15 @@ One guarded run checks that planning never touches the network or loads a model:
 layer refuses every connection, and the modules an engine or a model would need (torch,
 transformers, vllm, speculators) must not be imported.
 
-Usage: python benchmarks/bench_planning.py [--shards 10 100 1000 4000] [--repeat 1]
-                                            [--profile N] [--snakefile Snakefile]
+The floor: Snakemake alone planning a workflow of the same shape with none of eaglenest's code
+(benchmarks/planning_floor.smk), at the largest size, so the reader sees which part of the time
+is the workflow's and which is Snakemake's own per-job cost.
+
+Each size is timed --repeat times (3 by default) and the best counts, as timeit does: on a
+shared machine the other runs measure the neighbours, not the plan.
+
+Usage: python benchmarks/bench_planning.py [--shards 10 100 1000 4000] [--repeat 3]
+                                            [--profile N] [--snakefile Snakefile] [--no-floor]
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY_MODULES = ("torch", "transformers", "vllm", "speculators")
+FLOOR_SNAKEFILE = REPO / "benchmarks" / "planning_floor.smk"
 
 # Runs snakemake's CLI in-process with the network cut off, then reports heavy imports.
 GUARD = r"""
@@ -77,26 +85,38 @@ def child_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def time_plan(snakefile: Path, base_config: Path, num_shards: int) -> tuple[float, float, int]:
-    """Wall and CPU seconds of one `snakemake -n` (fresh working directory), jobs planned.
+def time_snakemake(args: list[str]) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one `snakemake ARGS` subprocess, and the jobs it planned.
 
     CPU seconds (user + system of the child) hardly change when other processes compete for
     the cores; wall seconds do."""
-    with tempfile.TemporaryDirectory(prefix="bench_planning_") as tmp:
-        tmp = Path(tmp)
-        cfg = write_config(base_config, num_shards, tmp / "config.yaml")
-        cmd = [sys.executable, "-m", "snakemake", *snakemake_cmd(snakefile, cfg, tmp / "wd")]
-        cpu0, start = child_cpu(), time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
-        seconds, cpu = time.perf_counter() - start, child_cpu() - cpu0
+    cmd = [sys.executable, "-m", "snakemake", *args]
+    cpu0, start = child_cpu(), time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+    seconds, cpu = time.perf_counter() - start, child_cpu() - cpu0
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        sys.exit(f"snakemake -n failed for {num_shards} shards:\n{out[-4000:]}")
+        sys.exit(f"snakemake {' '.join(args)} failed:\n{out[-4000:]}")
     jobs = 0
     for line in out.splitlines():
         if line.startswith("total "):
             jobs = int(line.split()[-1])
     return seconds, cpu, jobs
+
+
+def time_plan(snakefile: Path, base_config: Path, num_shards: int) -> tuple[float, float, int]:
+    """One `snakemake -n` of the workflow with `num_shards` shards, in a fresh working directory."""
+    with tempfile.TemporaryDirectory(prefix="bench_planning_") as tmp:
+        tmp = Path(tmp)
+        cfg = write_config(base_config, num_shards, tmp / "config.yaml")
+        return time_snakemake(snakemake_cmd(snakefile, cfg, tmp / "wd"))
+
+
+def time_floor(num_shards: int) -> tuple[float, float, int]:
+    """The same for benchmarks/planning_floor.smk: Snakemake alone on a plan of this shape."""
+    with tempfile.TemporaryDirectory(prefix="bench_planning_floor_") as tmp:
+        args = ["-n", "-s", str(FLOOR_SNAKEFILE), "--directory", tmp, "--config", f"shards={num_shards}"]
+        return time_snakemake(args)
 
 
 def guarded_plan(snakefile: Path, base_config: Path, num_shards: int) -> str:
@@ -183,13 +203,18 @@ def snakemake_import_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, nargs="+", default=[10, 100, 1000, 4000])
-    parser.add_argument("--repeat", type=int, default=1, help="runs per size; the best counts")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per size; the best counts")
     parser.add_argument("--configfile", type=Path, default=REPO / "config" / "kimi-k2.5.yaml")
     parser.add_argument("--snakefile", type=Path, default=REPO / "Snakefile")
     parser.add_argument(
         "--profile", type=int, metavar="N", default=None, help="also cProfile one plan with N shards"
     )
     parser.add_argument("--no-guard", action="store_true", help="skip the network/model check")
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip Snakemake alone on a plan of the same shape (benchmarks/planning_floor.smk)",
+    )
     args = parser.parse_args()
     shards = sorted(set(args.shards))
     snakefile, configfile = args.snakefile.resolve(), args.configfile.resolve()
@@ -231,6 +256,16 @@ def main() -> None:
                 ratio = at_1000 / seconds[100]
                 print(f"1000 / 100 shards: {ratio:.1f}x (goal < 12x: {'met' if ratio < 12 else 'MISSED'})")
     print(f"fixed cost outside the workflow: `import snakemake.cli` {snakemake_import_seconds():.2f} s")
+    if not args.no_floor:
+        # Interleaved with the workflow's own plans, so both meet the same neighbours.
+        n = shards[-1]
+        runs = [(time_floor(n), time_plan(snakefile, configfile, n)) for _ in range(max(1, args.repeat))]
+        floor, ours = min(r[0][0] for r in runs), min(r[1][0] for r in runs)
+        print(
+            f"{n} shards, Snakemake alone on a plan of this shape (benchmarks/planning_floor.smk, "
+            f"{runs[0][0][2]} jobs): {floor:.2f} s; the workflow in the same minutes: {ours:.2f} s "
+            f"(eaglenest's share {ours - floor:+.2f} s)"
+        )
 
     if not args.no_guard:
         print(guarded_plan(snakefile, configfile, 100))
