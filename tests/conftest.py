@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -62,6 +63,42 @@ def untrained_target(tmp_path_factory) -> Path:
 
     corpus = [REPO / "data" / "tiny_target" / "corpus.jsonl"]
     return build_tiny_target(tmp_path_factory.mktemp("untrained") / "target", corpus, pretrain_steps=0)
+
+
+def assert_shard_matches_transformers(
+    shard_dir: Path, run_dir: Path, target, shard: int, num_shards: int, dtype: str, scratch: Path
+) -> None:
+    """A written shard against the transformers backend's files for the same rows (extracted
+    into `scratch` in this process): the same files, token ids exactly, hidden states to bf16
+    tolerance (vLLM and transformers sum in different orders)."""
+    # Imported here: torch and the extractor are for the engine tests that call this, not for
+    # every unit test's collection.
+    import torch
+    from safetensors.torch import load_file
+
+    from eaglenest.hidden_states.extract import extract_shard_transformers
+
+    plan = json.loads((run_dir / "hidden_states" / "plan.json").read_text())
+    extract_shard_transformers(
+        str(target),
+        run_dir / "tokenized" / "tokenized_data.jsonl",
+        scratch,
+        num_rows=plan["samples"],
+        shard=shard,
+        num_shards=num_shards,
+        aux_layer_ids=plan["aux_layer_ids"],
+        dtype=dtype,
+        meta={},
+    )
+    files = sorted(p.name for p in shard_dir.glob("hs_*.safetensors"))
+    assert files and files == sorted(p.name for p in scratch.glob("hs_*.safetensors")), shard_dir
+    for file in files:
+        ours, theirs = load_file(str(shard_dir / file)), load_file(str(scratch / file))
+        assert torch.equal(ours["token_ids"], theirs["token_ids"]), shard_dir / file
+        # Same layers, same slot order (the last is the input of the final norm).
+        torch.testing.assert_close(
+            ours["hidden_states"].float(), theirs["hidden_states"].float(), atol=2e-2, rtol=2e-2
+        )
 
 
 def fresh_clone(dest: Path) -> Path:

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import (
+    assert_shard_matches_transformers,
     default_config,
     planned_jobs,
     run_env,
@@ -26,9 +26,6 @@ from conftest import (
     snakemake_command,
     write_config,
 )
-from safetensors.torch import load_file
-
-from eaglenest.hidden_states.extract import extract_shard_transformers
 
 pytestmark = pytest.mark.engine
 
@@ -176,28 +173,10 @@ def test_kill_during_extraction_redoes_only_unfinished_shards_and_ends_with_ever
     # Every shard holds exactly its rows, each once, as an uninterrupted extraction writes them.
     # The reference is the transformers backend in this process (a second vLLM extraction
     # would cost a server start); test_pipeline holds it to vLLM's files on the trained target.
-    plan = json.loads((run_dir / "hidden_states" / "plan.json").read_text())
     for k, name in enumerate(shards):
-        reference = tmp_path / f"shard_{k}"
-        extract_shard_transformers(
-            str(small_run["cfg"]["target"]["path"]),
-            run_dir / "tokenized" / "tokenized_data.jsonl",
-            reference,
-            num_rows=plan["samples"],
-            shard=k,
-            num_shards=num_shards,
-            aux_layer_ids=plan["aux_layer_ids"],
-            dtype=cfg["hidden_states"]["dtype"],
-            meta={},
-        )
-        files = sorted(p.name for p in (workdir / name).glob("hs_*.safetensors"))
-        assert files and files == sorted(p.name for p in reference.glob("hs_*.safetensors")), name
-        for file in files:
-            ours, theirs = load_file(str(workdir / name / file)), load_file(str(reference / file))
-            assert torch.equal(ours["token_ids"], theirs["token_ids"]), f"{name}/{file}"
-            torch.testing.assert_close(
-                ours["hidden_states"].float(), theirs["hidden_states"].float(), atol=2e-2, rtol=2e-2
-            )
+        assert_shard_matches_transformers(
+            workdir / name, run_dir, cfg["target"]["path"], k, num_shards, cfg["hidden_states"]["dtype"], tmp_path / f"shard_{k}"
+        )  # fmt: skip
 
 
 def test_interrupted_training_continues_from_its_checkpoint(small_run):

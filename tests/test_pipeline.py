@@ -12,7 +12,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import GPU_RULES, job_timeline, planned_jobs, snakemake, write_config
+from conftest import (
+    GPU_RULES,
+    assert_shard_matches_transformers,
+    job_timeline,
+    planned_jobs,
+    snakemake,
+    write_config,
+)
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.engine
@@ -383,28 +390,7 @@ def test_the_report_states_each_gpu_stages_tokens_per_s_and_the_gpu_busy_share(d
 
 
 def test_transformers_backend_writes_the_same_hidden_states_as_vllm(default_run, tmp_path):
-    from eaglenest.hidden_states.extract import extract_shard_transformers
-
-    run = default_run["run_dir"]
-    plan = json.loads((run / "hidden_states" / "plan.json").read_text())
-    num_shards = default_run["config"]["hidden_states"]["num_shards"]
-    extract_shard_transformers(
-        str(run / "target"),
-        run / "tokenized" / "tokenized_data.jsonl",
-        tmp_path / "shard_0",
-        num_rows=plan["samples"],
-        shard=0,
-        num_shards=num_shards,
-        aux_layer_ids=plan["aux_layer_ids"],
-        dtype="bfloat16",
-        meta={},
-    )
-    vllm_files = sorted((run / "hidden_states" / "shard_0").glob("hs_*.safetensors"))
-    assert vllm_files
-    for f in vllm_files:
-        ours, theirs = load_file(str(tmp_path / "shard_0" / f.name)), load_file(str(f))
-        assert torch.equal(ours["token_ids"], theirs["token_ids"])
-        # Same layers, same slot order (the last is the input of the final norm); both bf16.
-        torch.testing.assert_close(
-            ours["hidden_states"].float(), theirs["hidden_states"].float(), atol=2e-2, rtol=2e-2
-        )
+    run, cfg = default_run["run_dir"], default_run["config"]["hidden_states"]
+    assert_shard_matches_transformers(
+        run / "hidden_states" / "shard_0", run, run / "target", 0, cfg["num_shards"], cfg["dtype"], tmp_path / "shard_0"
+    )  # fmt: skip
