@@ -18,7 +18,16 @@ from eaglenest.evaluation.evaluate import METHODS as EVAL_METHODS
 from eaglenest.target.gguf import gguf_source
 from eaglenest.engine.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.training.sweep import base_settings, plan_variants, swept_keys, train_hp, train_settings
-from eaglenest.target.resolve import HUB_ID, cache_key_file, check_build_destination, check_target, on_hub
+from eaglenest.target.resolve import (
+    CONFIG_FILES_ENV,
+    HUB_ID,
+    cache_key_file,
+    cached_commit,
+    check_build_destination,
+    check_remote_code_pinned,
+    check_target,
+    on_hub,
+)
 from eaglenest.pipeline.code_hash import code_hash
 from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
 
@@ -117,6 +126,22 @@ if TARGET_ON_HUB and not HUB_ID.match(TARGET):
         f"config target.path: {TARGET}: the kimi_k25 miniature is published "
         "into the hub cache, so its path must be a hub id 'org/name'"
     )
+# Jobs name the config files in their messages (a remote-code target to pin).
+os.environ[CONFIG_FILES_ENV] = ", ".join(CONFIG_FILES)
+# Remote code from a branch: refused here where the cache already names its commit; otherwise
+# download_target refuses once the hub names it, before fetching (eaglenest.target.resolve).
+if TARGET_ON_HUB and not BUILD_TINY and config["target"]["trust_remote_code"]:
+    try:
+        _cached = cached_commit(TARGET, config["target"]["revision"], TARGET_CACHE)
+        if _cached:
+            check_remote_code_pinned(
+                TARGET,
+                config["target"]["revision"],
+                _cached,
+                allow_unpinned=config["target"]["allow_unpinned_remote_code"],
+            )
+    except EaglenestError as e:  # the message names the config files itself
+        raise WorkflowError(str(e))
 
 # GPU jobs find the leased vLLM server through this; its supervisor stops the server when
 # this process is gone, however the workflow ends.

@@ -54,6 +54,9 @@ elif TARGET_ON_HUB:
             target=TARGET,
             revision=config["target"]["revision"],
             cache_dir=TARGET_CACHE,
+            trust_remote_code=config["target"]["trust_remote_code"],
+            allow_unpinned_remote_code=config["target"]["allow_unpinned_remote_code"],
+            disk_margin_gb=config["hidden_states"]["disk_margin_gb"],
         script:
             "../scripts/download_target.py"
 
@@ -72,6 +75,8 @@ rule resolve_target:
         revision=config["target"]["revision"],
         cache_dir=TARGET_CACHE,
         trust_remote_code=config["target"]["trust_remote_code"],
+        allow_unpinned_remote_code=config["target"]["allow_unpinned_remote_code"],
+        built_here=BUILD_TINY,
         code=code_hash("resolve_target"),
     script:
         "../scripts/resolve_target.py"

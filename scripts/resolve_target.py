@@ -12,5 +12,7 @@ run_logged(
     revision=p.revision,
     cache_dir=p.cache_dir,
     trust_remote_code=p.trust_remote_code,
+    allow_unpinned_remote_code=p.allow_unpinned_remote_code,
+    built_here=p.built_here,
     out_record=sm.output.record,
 )

@@ -8,13 +8,14 @@ and a thinking chat template, published into a hub cache and resolved by its hub
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import planned_jobs, snakemake
+from conftest import planned_jobs, snakemake, write_config
 
 pytestmark = pytest.mark.engine
 
@@ -28,7 +29,7 @@ def read_jsonl(path):
 def test_the_trained_draft_beats_the_untrained_one_and_ngram_losslessly(kimi_mini_run):
     acc = json.loads((kimi_mini_run["run_dir"] / "eval" / "acceptance.json").read_text())
     draft, untrained, ngram = acc["draft"], acc["untrained_draft"], acc["ngram"]
-    assert draft["num_drafts"] > 0
+    assert draft["drafting_steps"] > 0
     assert draft["mean_acceptance_length"] > 1.2 * untrained["mean_acceptance_length"]
     assert draft["mean_acceptance_length"] > ngram["mean_acceptance_length"]
     for method in ("ngram", "untrained_draft", "draft"):
@@ -72,6 +73,8 @@ def test_the_hub_id_resolves_from_the_cache_for_every_stage(kimi_mini_run):
     vocab = record["shape"]["vocab_size"]
     assert meta["target_vocab_size"] == coverage["target_vocab_size"] == draft["vocab_size"] == vocab
     assert meta["target_revision"] == commit
+    # Its remote code is the repository's own, built here, and recorded with its hash.
+    assert [f["file"] for f in record["remote_code"]] == ["tokenization_kimi_mini.py"]
     # Every engine loaded the snapshot: the servers and the trainer were given its folder.
     server_logs = list((run / ".eaglenest" / "server").glob("server-*.log"))
     commands = [line for log in server_logs for line in open(log) if line.startswith("$ ")]
@@ -84,6 +87,35 @@ def test_the_hub_id_resolves_from_the_cache_for_every_stage(kimi_mini_run):
     assert exported["speculators_config"]["verifier"]["name_or_path"] == HUB_ID
     # Nothing went to the user's hub cache (HF_HOME of the run): the configured cache only.
     assert not list((Path(kimi_mini_run["env"]["HF_HOME"]) / "hub").glob("models--*"))
+
+
+def test_its_remote_code_runs_only_from_a_pinned_commit(kimi_mini_run):
+    """The miniature's published cache, taken as a downloaded model (no build_tiny): with
+    target.revision null the workflow refuses to plan, naming the config file, the key and the
+    commit to pin; pinned, resolve_target runs and records the tokenizer's code and its hash."""
+    from eaglenest.target.kimi_mini import ASSETS
+
+    work, cache = kimi_mini_run["workdir"], kimi_mini_run["cache"]
+    commit = (cache / "models--eaglenest-test--kimi-mini" / "refs" / "main").read_text()
+    cfg = {**kimi_mini_run["config"], "run_dir": "results/kimi-downloaded"}
+    cfg["target"] = {**cfg["target"], "build_tiny": None, "cache_dir": str(cache)}
+    configfile = write_config(work, cfg, "kimi-downloaded.yaml")
+    proc = snakemake(work, configfile, "-n", check=False, env=kimi_mini_run["env"])
+    assert proc.returncode != 0
+    assert f"set target.revision: {commit} in {configfile}" in proc.stdout + proc.stderr
+    assert not (work / "results" / "kimi-downloaded").exists()
+    configfile = write_config(
+        work, {**cfg, "target": {**cfg["target"], "revision": commit}}, "kimi-downloaded.yaml"
+    )
+    snakemake(
+        work, configfile, "results/kimi-downloaded/target.json", "--cores", "1", env=kimi_mini_run["env"]
+    )
+    record = json.loads((work / "results" / "kimi-downloaded" / "target.json").read_text())
+    code = ASSETS / "tokenization_kimi_mini.py"
+    assert record["commit"] == commit
+    assert [(f["file"], f["sha256"]) for f in record["remote_code"]] == [
+        (code.name, hashlib.sha256(code.read_bytes()).hexdigest())
+    ]
 
 
 def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):

@@ -8,6 +8,7 @@ give Snakemake metadata to compare params against.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -358,6 +359,9 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     assert "fits the configured 141.00 GB GPUs" in out
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in out
     assert "  download_target " in out
+    # Planned offline with an empty cache, as before; the plan says where the run will stop.
+    assert "remote code: NOT pinned (target.revision: null): download_target will stop before fetching" in out
+    assert re.search(r"free in the hub cache: .*; needed with the disk margin: 795.00 GB", out)
 
     assert cli.main([*kimi, "--config", "gpu_memory_gb=80"]) == 0
     assert "DOES NOT FIT the configured 80.00 GB GPUs" in capsys.readouterr().out
@@ -376,9 +380,14 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     (model / "model.safetensors").write_bytes(b"\0" * 1000)
     cache = tmp_path / "hub"
     commit = publish_to_hub_cache(model, "moonshotai/Kimi-K2.5", cache)
-    assert cli.main([*kimi, "--config", f"target={{cache_dir: {cache}}}"]) == 0
+    # Its remote code would follow main: refused at planning, with the commit to pin.
+    assert cli.main([*kimi, "--config", f"target={{cache_dir: {cache}}}"]) == 1
+    err = capsys.readouterr().err
+    assert f"set target.revision: {commit} in {workflow / 'config' / 'kimi-k2.5.yaml'}" in err
+    assert cli.main([*kimi, "--config", f"target={{cache_dir: {cache}, revision: {commit}}}"]) == 0
     out = capsys.readouterr().out
-    assert f"Target: moonshotai/Kimi-K2.5: cached in {cache} at commit {commit[:12]}" in out
+    assert f"Target: moonshotai/Kimi-K2.5 (revision {commit}): cached in {cache} at commit {commit[:12]}" in out
+    assert f"remote code: pinned to commit {commit}" in out
     assert "download_target" not in out
 
 

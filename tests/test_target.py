@@ -1,5 +1,6 @@
 """The target as one artifact: hub ids through the hub cache, nested text configs, one reader."""
 
+import hashlib
 import json
 import os
 import re
@@ -89,7 +90,7 @@ def test_hub_id_resolves_offline_from_the_cache(tmp_path):
     commit = publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
     assert is_hub_id(REPO_ID) and not is_hub_id(str(tmp_path))
     assert cache_key_file(REPO_ID, None, cache).read_text() == commit
-    target = resolve_target(REPO_ID, cache_dir=cache, trust_remote_code=True)
+    target = resolve_target(REPO_ID, cache_dir=cache)
     assert target.source == "hub" and target.commit == commit
     assert Path(target.path) == cache / f"models--eaglenest-test--nested/snapshots/{commit}"
     assert (Path(target.path) / "config.json").is_symlink()  # as the hub client lays it out
@@ -145,9 +146,9 @@ def test_an_interrupted_download_is_refused(tmp_path):
 
 def test_the_record_is_what_every_stage_loads(tmp_path):
     cache = tmp_path / "hub"
-    publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
+    commit = publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
     record = tmp_path / "target.json"
-    resolve_stage(name=REPO_ID, revision=None, cache_dir=cache, trust_remote_code=True, out_record=record)
+    resolve_stage(name=REPO_ID, revision=commit, cache_dir=cache, trust_remote_code=True, out_record=record)
     target = load_target(record)
     assert target.trust_remote_code and target.shape["hidden_size"] == 64
     # The hub cache cleaned since: the record names itself and the step to rerun.
@@ -165,6 +166,7 @@ def test_a_remote_code_tokenizer_without_trust_is_refused_when_resolving(tmp_pat
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}})
     )
+    (folder / "tokenization_kimi.py").write_text("class TikTokenTokenizer: ...\n")
     with pytest.raises(
         EaglenestError, match=r"tokenizer_config.json: .*remote code.*target.trust_remote_code: true"
     ):
@@ -251,3 +253,181 @@ def test_the_miniature_refuses_a_cache_whose_ref_names_a_snapshot_it_did_not_pub
     (refs / "main").write_text("0" * 40)  # a download whose snapshot is gone or elsewhere
     with pytest.raises(EaglenestError, match=re.escape("refs/main is not eaglenest.kimi_mini's")):
         check_build_destination(REPO_ID, "kimi_k25", tmp_path)
+
+
+# Remote code: only from a pinned commit, only as the hub served it.
+
+TOKENIZER_CODE = "from .helpers import SPLIT\n\n\nclass Tok:\n    pattern = SPLIT\n"
+HELPER_CODE = "SPLIT = r'\\w+'\n"
+
+
+def remote_code_model(path: Path) -> Path:
+    """A model whose tokenizer ships as remote code in two files, one importing the other."""
+    folder = model_folder(path, NESTED)
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_test.Tok", None]}})
+    )
+    (folder / "tokenization_test.py").write_text(TOKENIZER_CODE)
+    (folder / "helpers.py").write_text(HELPER_CODE)
+    (folder / "unused.py").write_text("raise SystemExit\n")  # named by nothing: not imported
+    return folder
+
+
+def test_remote_code_from_a_branch_stops_before_import_naming_the_commit_to_pin(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    commit = publish_to_hub_cache(remote_code_model(tmp_path / "m"), REPO_ID, cache)
+    monkeypatch.setenv("EAGLENEST_CONFIG_FILES", "config/mine.yaml")
+    record = tmp_path / "target.json"
+    for revision in (None, "main"):
+        with pytest.raises(
+            EaglenestError,
+            match=rf"{REPO_ID} runs remote code .* set target.revision: {commit} in config/mine.yaml",
+        ):
+            resolve_stage(
+                name=REPO_ID, revision=revision, cache_dir=cache, trust_remote_code=True, out_record=record
+            )
+        assert not record.exists()
+    # Pinned, it resolves, and the record names each file the tokenizer imports with its hash.
+    resolve_stage(name=REPO_ID, revision=commit, cache_dir=cache, trust_remote_code=True, out_record=record)
+    code = {f["file"]: f for f in load_target(record).remote_code}
+    assert set(code) == {"tokenization_test.py", "helpers.py"}
+    assert code["helpers.py"]["sha256"] == hashlib.sha256(HELPER_CODE.encode()).hexdigest()
+    assert code["tokenization_test.py"]["named_by"] == "tokenizer_config.json auto_map.AutoTokenizer"
+    assert code["helpers.py"]["named_by"] == "imported by tokenization_test.py"
+    # Following the branch is a choice the config makes; the hashes are recorded all the same.
+    resolve_stage(
+        name=REPO_ID, revision=None, cache_dir=cache, trust_remote_code=True, out_record=record,
+        allow_unpinned_remote_code=True,
+    )  # fmt: skip
+    assert len(load_target(record).remote_code) == 2
+
+
+def test_remote_code_edited_in_the_cache_is_refused_before_import(tmp_path):
+    cache = tmp_path / "hub"
+    commit = publish_to_hub_cache(remote_code_model(tmp_path / "m"), REPO_ID, cache)
+    record = tmp_path / "target.json"
+    resolve_stage(name=REPO_ID, revision=commit, cache_dir=cache, trust_remote_code=True, out_record=record)
+    snapshot = Path(load_target(record).path)
+    # Edited in place: the link still names the blob the hub served, whose content changed.
+    (snapshot / "helpers.py").resolve().write_text("SPLIT = 'anything'\nimport os\n")
+    with pytest.raises(
+        EaglenestError, match=r"helpers.py: remote code changed since resolve_target .*target.json"
+    ):
+        load_target(record)
+    with pytest.raises(EaglenestError, match=r"helpers.py: this remote-code file does not match the blob"):
+        resolve_target(REPO_ID, revision=commit, cache_dir=cache, trust_remote_code=True)
+
+
+def test_a_non_lfs_file_is_checked_against_gits_blob_id_as_the_hub_names_it(tmp_path):
+    """The hub cache names a small file's blob by git's id of its content, not its sha256."""
+    from eaglenest.target.resolve import check_as_downloaded, git_blob_sha1, remote_code_files
+
+    folder = remote_code_model(tmp_path / "m")
+    snapshot = tmp_path / "snap"
+    (tmp_path / "blobs").mkdir()
+    snapshot.mkdir()
+    for f in folder.iterdir():
+        blob = tmp_path / "blobs" / git_blob_sha1(f)
+        blob.write_bytes(f.read_bytes())
+        (snapshot / f.name).symlink_to(blob)
+    # git's own id of a file holding "hello\n" (git hash-object)
+    (tmp_path / "hello").write_text("hello\n")
+    assert git_blob_sha1(tmp_path / "hello") == "ce013625030ba8dba906f756967f9e9ca394464a"
+    code = remote_code_files(snapshot)
+    check_as_downloaded(snapshot, code)
+    (snapshot / "tokenization_test.py").resolve().write_text("class Tok: pass\n")
+    with pytest.raises(EaglenestError, match="does not match the blob the hub served"):
+        check_as_downloaded(snapshot, remote_code_files(snapshot))
+
+
+def test_remote_code_from_another_repository_or_missing_is_refused(tmp_path):
+    folder = remote_code_model(tmp_path / "m")
+    (folder / "config.json").write_text(
+        json.dumps({**NESTED, "auto_map": {"AutoConfig": "other/repo--configuration_x.Cfg"}})
+    )
+    with pytest.raises(
+        EaglenestError, match=r"config.json: auto_map.AutoConfig names code in another repository"
+    ):
+        resolve_target(str(folder), trust_remote_code=True)
+    (folder / "config.json").write_text(
+        json.dumps({**NESTED, "auto_map": {"AutoConfig": "configuration_x.Cfg"}})
+    )
+    with pytest.raises(
+        EaglenestError,
+        match=r"config.json auto_map.AutoConfig names configuration_x.py, which the model does not ship",
+    ):
+        resolve_target(str(folder), trust_remote_code=True)
+
+
+# The download: the hub's listing first, refused before a byte is fetched.
+
+MB = 1_000_000
+
+
+def hub_model_info(commit: str, files: dict[str, tuple[int, str | None]]):
+    """The hub's file listing (GET /api/models/ID/revision/REV?blobs=true) as huggingface_hub parses
+    it: name -> (size, sha256 of an LFS file, or None for a small file listed by its git blob id)."""
+    from huggingface_hub.hf_api import ModelInfo
+
+    siblings = [
+        {"rfilename": name, "size": size, "blobId": hashlib.sha1(name.encode()).hexdigest()}
+        | ({"lfs": {"sha256": lfs, "size": size, "pointerSize": 134}} if lfs else {})
+        for name, (size, lfs) in files.items()
+    ]
+    return ModelInfo(id=REPO_ID, sha=commit, siblings=siblings)
+
+
+@pytest.fixture
+def online_hub(monkeypatch):
+    """huggingface_hub online, its listing faked, and any fetch recorded (none may happen)."""
+    from huggingface_hub import HfApi, constants
+
+    import eaglenest.target.resolve as resolve
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    fetched = []
+    monkeypatch.setattr(resolve, "_download", lambda *a, **k: fetched.append(a) or Path("/nonexistent"))
+    hub = {"commit": "c" * 40, "files": {}}
+    monkeypatch.setattr(HfApi, "model_info", lambda self, repo_id, revision=None, files_metadata=False: (
+        hub_model_info(hub["commit"], hub["files"])))  # fmt: skip
+    return hub, fetched
+
+
+def test_a_download_larger_than_the_free_space_is_refused_before_fetching(tmp_path, monkeypatch, online_hub):
+    import eaglenest.target.resolve as resolve
+
+    hub, fetched = online_hub
+    shards = {f"model-0000{i}-of-00004.safetensors": (300 * MB, f"{i}" * 64) for i in range(1, 5)}
+    hub["files"] = {"config.json": (2_000, None), **shards}
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(resolve, "free_bytes", lambda folder: 1_000 * MB)
+    with pytest.raises(EaglenestError) as refused:
+        resolve.download_stage(repo_id=REPO_ID, revision=None, cache_dir=cache, disk_margin_gb=0.1)
+    message = str(refused.value)
+    assert message.startswith(f"{cache}: no room to download {REPO_ID}")
+    assert "1,200,002,000 bytes" in message and "1,000,000,000 bytes" in message and "100.00 MB" in message
+    assert fetched == [] and not cache.exists()
+    # What the cache already holds is not fetched again: two shards there, one half there.
+    blobs = resolve.repo_cache_folder(REPO_ID, cache) / "blobs"
+    blobs.mkdir(parents=True)
+    for i in (1, 2):
+        (blobs / (f"{i}" * 64)).touch()
+    with open(blobs / ("3" * 64 + ".incomplete"), "wb") as f:
+        f.truncate(150 * MB)
+    assert resolve.bytes_to_fetch(REPO_ID, resolve.hub_listing(REPO_ID, None)[1], cache) == 450 * MB + 2_000
+    resolve.download_stage(repo_id=REPO_ID, revision=None, cache_dir=cache, disk_margin_gb=0.1)
+    assert len(fetched) == 1
+
+
+def test_an_unpinned_remote_code_download_is_refused_before_fetching(tmp_path, online_hub):
+    import eaglenest.target.resolve as resolve
+
+    hub, fetched = online_hub
+    hub["files"] = {"config.json": (2_000, None), "tokenization_kimi.py": (9_000, None)}
+    with pytest.raises(EaglenestError, match=f"set target.revision: {hub['commit']}"):
+        resolve.download_stage(repo_id=REPO_ID, revision="main", cache_dir=tmp_path, trust_remote_code=True)
+    assert fetched == []
+    resolve.download_stage(
+        repo_id=REPO_ID, revision=hub["commit"], cache_dir=tmp_path, trust_remote_code=True
+    )
+    assert len(fetched) == 1

@@ -256,6 +256,16 @@ def format_target(t: dict) -> list[str]:
     else:
         head = t["source"]
     lines = [f"Target: {t['name']}{rev}: {head}"]
+    room = t.get("download_room")
+    if room and t.get("bytes"):
+        need = t["bytes"] + room["margin_bytes"]
+        ok = "fits" if room["free_bytes"] >= need else "DOES NOT FIT: download_target will refuse"
+        lines.append(
+            f"  free in the hub cache: {human_bytes(room['free_bytes'])}; needed with the disk "
+            f"margin: {human_bytes(need)} ({ok})"
+        )
+    if t.get("remote_code"):
+        lines.append(f"  remote code: {t['remote_code']}")
     g = t.get("gpu_memory") or {}
     if g:
         if g["fits"] is None:  # no gpu_memory_gb: say which common GPUs hold it

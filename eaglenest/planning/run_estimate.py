@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import free_bytes
-from eaglenest.target.resolve import cache_status, on_hub, read_shape
+from eaglenest.target.resolve import cache_status, is_pinned, on_hub, read_shape
 
 FP8 = "float8_e4m3fn"  # hs_connectors' fp8 format: 8-bit values beside float32 scales
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, FP8: 1}
@@ -159,6 +159,10 @@ def target_status(cfg: dict, workdir=".") -> dict:
         if not status["cached"]:
             out["bytes"] = int(target["weights_gb"] * 1e9) if target.get("weights_gb") else None
             out["bytes_from"] = "target.weights_gb" if target.get("weights_gb") else "unknown"
+            if not built:  # download_target's own check, with the estimate for the listing
+                margin = int(float(cfg.get("hidden_states", {}).get("disk_margin_gb", 0) or 0) * 1e9)
+                out["download_room"] = {"free_bytes": free_bytes(status["cache_dir"]), "margin_bytes": margin}
+        out["remote_code"] = remote_code_plan(target, built, status["commit"])
     elif built:
         out.update(source="built by the workflow", cached=None, bytes=None)
     else:
@@ -170,6 +174,28 @@ def target_status(cfg: dict, workdir=".") -> dict:
         )
     out["gpu_memory"] = gpu_memory_check(cfg, out.get("bytes"))
     return out
+
+
+def remote_code_plan(target: dict, built: bool, cached_commit: str | None) -> str | None:
+    """What the run will do with a hub target's remote code, in words (None: it runs none)."""
+    if not target.get("trust_remote_code"):
+        return None
+    revision = target.get("revision")
+    if built:
+        return "the workflow's own (built from the repository's files), hashed into target.json"
+    if is_pinned(revision):
+        return f"pinned to commit {revision}, hashed into target.json"
+    if target.get("allow_unpinned_remote_code"):
+        return (
+            f"follows {revision or 'main'} (target.allow_unpinned_remote_code: true): whatever the "
+            "hub serves there when it is downloaded, hashed into target.json"
+        )
+    if cached_commit:  # the workflow refuses to plan this; said here for completeness
+        return f"NOT pinned: set target.revision: {cached_commit} (the commit the cache holds)"
+    return (
+        f"NOT pinned (target.revision: {revision or 'null'}): download_target will stop before "
+        "fetching, naming the commit to set as target.revision"
+    )
 
 
 #: vLLM 0.32 runs its V2 model runner on GPUs where Triton is present and the V1 runner on

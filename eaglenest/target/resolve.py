@@ -25,11 +25,11 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import read_json, write_json
+from eaglenest.core.io import file_record, free_bytes, human_bytes, read_json, write_json
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -259,6 +259,9 @@ class Target:
     trust_remote_code: bool
     files: list
     shape: dict
+    # The remote-code files the run imports, with their sha256 (`remote_code_files`); [] without
+    # trust_remote_code. Checked again before every stage that may import them (`load_target`).
+    remote_code: list = field(default_factory=list)
 
     @property
     def hub_id(self) -> str | None:
@@ -288,8 +291,87 @@ def _download(repo_id: str, revision: str | None, cache_dir) -> Path:
         ) from None
 
 
-def download_stage(*, repo_id: str, revision: str | None, cache_dir=None) -> Path:
-    """The `download_target` rule: bring the snapshot into the hub cache."""
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a snapshot as the hub lists it: its size and the blob name the cache gives it."""
+
+    name: str
+    size: int
+    blob: str  # sha256 for LFS files, git's blob sha1 for the others
+
+
+def hub_listing(repo_id: str, revision: str | None) -> tuple[str, list[HubFile]]:
+    """The commit `revision` names on the hub now, and its files with their sizes (the hub's
+    file listing: no file is fetched)."""
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    except Exception as e:  # huggingface_hub raises many types; the user needs the message
+        raise EaglenestError(
+            f"cannot list {repo_id} (revision {revision or 'main'}) on the hub: "
+            f"{type(e).__name__}: {e}. Check the id, the revision and your token (HF_TOKEN)"
+        ) from None
+    files = [
+        HubFile(f.rfilename, int(f.size or 0), f.lfs.sha256 if f.lfs else (f.blob_id or ""))
+        for f in info.siblings or []
+    ]
+    return info.sha, files
+
+
+def bytes_to_fetch(repo_id: str, files: list[HubFile], cache_dir=None) -> int:
+    """The listed bytes the cache does not hold yet: a blob already there (another revision's,
+    an earlier download's) is not fetched again, and an interrupted one resumes."""
+    blobs = repo_cache_folder(repo_id, cache_dir) / "blobs"
+    needed = 0
+    for f in {f.blob: f for f in files}.values():  # one blob, however many names share it
+        if f.blob and (blobs / f.blob).exists():
+            continue
+        partial = blobs / f"{f.blob}.incomplete"
+        needed += f.size - (partial.stat().st_size if f.blob and partial.exists() else 0)
+    return max(needed, 0)
+
+
+def check_room_for_download(repo_id: str, needed: int, cache_dir, margin_bytes: int) -> None:
+    """Refuse a download that would not leave `margin_bytes` free in the hub cache."""
+    cache = hub_cache_dir(cache_dir)
+    free = free_bytes(cache)
+    if free < needed + margin_bytes:
+        raise EaglenestError(
+            f"no room to download {repo_id}: it needs {human_bytes(needed)} ({needed:,} bytes) "
+            f"not yet cached, plus the run's disk margin {human_bytes(margin_bytes)} "
+            f"(hidden_states.disk_margin_gb), and {human_bytes(free)} ({free:,} bytes) are free "
+            "here; nothing was fetched. Free space, or point target.cache_dir (or HF_HUB_CACHE) "
+            "at a larger disk",
+            cache,
+        )
+
+
+def download_stage(
+    *,
+    repo_id: str,
+    revision: str | None,
+    cache_dir=None,
+    trust_remote_code: bool = False,
+    allow_unpinned_remote_code: bool = False,
+    disk_margin_gb: float = 0,
+) -> Path:
+    """The `download_target` rule: bring the snapshot into the hub cache. Online, the hub's
+    file listing comes first: an unpinned remote-code target, or a snapshot the cache has no
+    room for, is refused before a byte is fetched."""
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        commit, files = hub_listing(repo_id, revision)
+        if trust_remote_code:
+            check_remote_code_pinned(repo_id, revision, commit, allow_unpinned=allow_unpinned_remote_code)
+        needed = bytes_to_fetch(repo_id, files, cache_dir)
+        check_room_for_download(repo_id, needed, cache_dir, int(disk_margin_gb * 1e9))
+        logging.getLogger(__name__).info(
+            "%s at commit %s: %s to fetch, %s free in %s",
+            repo_id, commit, human_bytes(needed), human_bytes(free_bytes(hub_cache_dir(cache_dir))),
+            hub_cache_dir(cache_dir),
+        )  # fmt: skip
     return _download(repo_id, revision, cache_dir)
 
 
@@ -318,9 +400,18 @@ def _check_complete(folder: Path) -> list[tuple[str, int]]:
 
 
 def resolve_target(
-    name: str, *, revision: str | None = None, cache_dir=None, trust_remote_code: bool = False
+    name: str,
+    *,
+    revision: str | None = None,
+    cache_dir=None,
+    trust_remote_code: bool = False,
+    allow_unpinned_remote_code: bool = False,
+    built_here: bool = False,
 ) -> Target:
-    """A local folder as it is, a hub id through the hub cache (downloading where allowed)."""
+    """A local folder as it is, a hub id through the hub cache (downloading where allowed).
+    A hub target's remote code is taken only from a pinned commit (unless allowed to follow a
+    branch, or `built_here`: the workflow built it from the repository's own files) and only
+    as the hub served it; its files are recorded with their hashes."""
     if Path(name).exists():
         folder, source, commit = Path(name).resolve(), "local", None
     elif is_hub_id(name):
@@ -331,6 +422,13 @@ def resolve_target(
         raise AssertionError("unreachable")
     files = _check_complete(folder)
     check_remote_code(folder, trust_remote_code)  # before hours of regeneration, not after
+    remote_code = []
+    if trust_remote_code:
+        if source == "hub" and not built_here:
+            check_remote_code_pinned(name, revision, commit, allow_unpinned=allow_unpinned_remote_code)
+        remote_code = remote_code_files(folder)
+        if source == "hub":
+            check_as_downloaded(folder, remote_code)
     return Target(
         name=name,
         path=str(folder),
@@ -340,13 +438,30 @@ def resolve_target(
         trust_remote_code=trust_remote_code,
         files=[list(f) for f in files],
         shape=asdict(read_shape(folder)),
+        remote_code=remote_code,
     )
 
 
-def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, out_record) -> dict:
+def resolve_stage(
+    *,
+    name: str,
+    revision,
+    cache_dir,
+    trust_remote_code: bool,
+    out_record,
+    allow_unpinned_remote_code: bool = False,
+    built_here: bool = False,
+) -> dict:
     """The `resolve_target` rule: resolve and record."""
 
-    target = resolve_target(name, revision=revision, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+    target = resolve_target(
+        name,
+        revision=revision,
+        cache_dir=cache_dir,
+        trust_remote_code=trust_remote_code,
+        allow_unpinned_remote_code=allow_unpinned_remote_code,
+        built_here=built_here,
+    )
     record = asdict(target)
     write_json(out_record, record)
     logging.getLogger(__name__).info(
@@ -359,6 +474,10 @@ def resolve_stage(*, name: str, revision, cache_dir, trust_remote_code: bool, ou
         sum(s for _, s in target.files) / 1e6,
         target.shape,
     )
+    for f in target.remote_code:
+        logging.getLogger(__name__).info(
+            "remote code %s (%s): sha256 %s", f["file"], f["named_by"], f["sha256"]
+        )
     return record
 
 
@@ -374,7 +493,129 @@ def load_target(record_path) -> Target:
         raise EaglenestError(
             f"the target folder {target.path} is gone (hub cache cleaned?); rerun resolve_target", record_path
         )
+    check_remote_code_unchanged(target, record_path)
     return target
+
+
+# --------------------------------------------------------------------------------------------
+# Remote code: only from a pinned commit, only as the hub served it
+
+# The files whose `auto_map` names remote code: each entry maps a transformers Auto class to
+# "module.Class" (a [slow, fast] pair for tokenizers), module.py being a file of the repository.
+AUTO_MAP_FILES = (
+    "config.json",
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+# The workflow sets this to the config files it read, so a job's message can name them.
+CONFIG_FILES_ENV = "EAGLENEST_CONFIG_FILES"
+UNPINNED_KEY = "target.allow_unpinned_remote_code"
+
+
+def is_pinned(revision: str | None) -> bool:
+    """A revision that names one commit: a branch or tag can move to other files."""
+    return bool(revision) and bool(COMMIT.match(revision))
+
+
+def check_remote_code_pinned(
+    repo_id: str, revision: str | None, commit: str | None, *, allow_unpinned: bool
+) -> None:
+    """Remote code from a branch is whatever the hub serves under that name the day a stage
+    runs: refuse it, naming the commit to pin, unless the config chose to follow the branch."""
+    if allow_unpinned or is_pinned(revision):
+        return
+    branch = f"the branch or tag {revision!r}" if revision else "the default branch (target.revision: null)"
+    config = os.environ.get(CONFIG_FILES_ENV) or "the run's config"
+    raise EaglenestError(
+        f"{repo_id} runs remote code (target.trust_remote_code: true) from {branch}, which the "
+        f"hub can point at other code at any time; none of it was imported. Pin the commit it "
+        f"names now: set target.revision: {commit or '<the commit>'} in {config} (or "
+        f'{UNPINNED_KEY}: true to follow the branch; README, "Remote code")'
+    )
+
+
+def remote_code_files(folder) -> list[dict]:
+    """The remote-code files transformers (and vLLM through it) would import from `folder`:
+    each module an `auto_map` names and, recursively, the modules it imports relatively (the
+    files transformers copies out with it), with their sha256."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    folder = Path(folder)
+    named: dict[str, str] = {}
+    for config_name in AUTO_MAP_FILES:
+        for auto_class, module in _auto_map_modules(folder / config_name):
+            named.setdefault(f"{module}.py", f"{config_name} auto_map.{auto_class}")
+    found: dict[str, str] = {}
+    for module_file, named_by in named.items():
+        path = folder / module_file
+        if not path.is_file():
+            raise EaglenestError(f"{named_by} names {module_file}, which the model does not ship", folder)
+        found.setdefault(module_file, named_by)
+        for imported in get_relative_import_files(str(path)):
+            rel = Path(imported).relative_to(folder).as_posix()
+            found.setdefault(rel, f"imported by {module_file}")
+    return [{"file": f, "named_by": why, **file_record(folder / f)} for f, why in sorted(found.items())]
+
+
+def _auto_map_modules(path: Path) -> list[tuple[str, str]]:
+    """(Auto class, module) for each code reference in one config file's `auto_map`."""
+    if not path.is_file():
+        return []
+    config = read_json(path)
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    out = []
+    for auto_class, refs in (auto_map or {}).items():
+        for ref in refs if isinstance(refs, list) else [refs]:
+            if not isinstance(ref, str) or not ref:
+                continue
+            if "--" in ref:  # "org/repo--module.Class": code another repository serves
+                raise EaglenestError(
+                    f"auto_map.{auto_class} names code in another repository ({ref}): target.revision "
+                    "cannot pin it, so eaglenest does not run it. Copy that code into the model's folder",
+                    path,
+                )
+            out.append((auto_class, ref.rsplit(".", 1)[0]))
+    return out
+
+
+def git_blob_sha1(path) -> str:
+    """Git's id of a file's content: what the hub cache names a non-LFS file's blob by."""
+    data = Path(path).read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def check_as_downloaded(snapshot, remote_code: list[dict]) -> None:
+    """A hub snapshot links each file to a blob named by the hub's hash of its content (sha256
+    for LFS files, git's blob id for the others): a remote-code file edited in the cache no
+    longer matches that name. Refused before anything imports it."""
+    for f in remote_code:
+        path = Path(snapshot) / f["file"]
+        if not path.is_symlink():
+            continue
+        blob = Path(os.readlink(path)).name
+        if blob not in (f["sha256"], git_blob_sha1(path)):
+            raise EaglenestError(
+                f"this remote-code file does not match the blob the hub served ({blob}): edited in "
+                "the cache since it was downloaded? Nothing was imported. Delete the model's "
+                "folder from the hub cache and download it again",
+                path,
+            )
+
+
+def check_remote_code_unchanged(target: Target, record_path) -> None:
+    """Every remote-code file is still what resolve_target recorded, before a stage imports it."""
+    for f in target.remote_code:
+        path = Path(target.path) / f["file"]
+        now = file_record(path)["sha256"] if path.is_file() else "missing"
+        if now != f["sha256"]:
+            raise EaglenestError(
+                f"remote code changed since resolve_target recorded it in {record_path} (sha256 "
+                f"{f['sha256'][:12]}..., now {now[:12]}); nothing was imported. Restore the "
+                "file (from a hub cache: delete the model's folder there and download it again)",
+                path,
+            )
 
 
 # --------------------------------------------------------------------------------------------
