@@ -143,6 +143,66 @@ def test_acceptance_pools_requests_and_per_position_is_a_chain():
     assert request_acceptance([{"completion_tokens": 5, "spec": None}], k=3)["mean_acceptance_length"] == 1.0
 
 
+def test_a_request_that_stops_mid_step_stays_under_k_plus_one():
+    """The default run's request that showed 4.19 at k = 3: 67 tokens kept, 17 drafting steps
+    that each accepted all 3 drafts (51), the last cut at the stop. 67 / (67 - 51) counted the
+    cut drafts as kept; the steps are the prefill and the 17 verify steps."""
+    spec = {
+        "acceptance_histogram": [0, 0, 0, 17],
+        "num_spec_steps": 17,
+        "num_accepted_draft_tokens": 51,
+        "num_draft_tokens": 51,
+    }
+    figures = request_acceptance([{"completion_tokens": 67, "spec": spec}], k=3)
+    assert figures["target_steps"] == 18
+    assert (
+        figures["mean_acceptance_length"] == pytest.approx(67 / 18) and figures["mean_acceptance_length"] <= 4
+    )
+    # vLLM's own figure and the papers' (per drafting step, bonus included) stays beside it.
+    assert figures["mean_acceptance_length_per_draft"] == 4.0
+    assert request_rows_of(67, spec)["tokens_per_step"] == pytest.approx(67 / 18)
+
+
+def request_rows_of(tokens: int, spec: dict) -> dict:
+    (row,) = evaluate.request_rows(
+        [{"method": "draft", "set": "held_out", "category": "all", "id": "p", "turn": 0,
+          "prompt_tokens": 9, "completion_tokens": tokens, "spec": spec}]
+    )  # fmt: skip
+    return row
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "ngram"])
+def test_target_steps_never_exceed_the_true_count_on_simulated_decoding(drafter):
+    """Decoding simulated step by step, each request's spec metrics kept by vLLM's own class:
+    EAGLE-style drafters draft every decode step, n-gram only where it finds a match. A stop
+    (EOS) anywhere cuts the last step's tokens, as vLLM does after counting them accepted.
+    The counted steps never exceed the true ones (so tokens per step never passes k + 1), and
+    equal them wherever every step drafts or nothing was cut."""
+    import random
+
+    from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
+
+    from eaglenest.data.benchmarks import target_steps
+
+    rng, k = random.Random(0), 3
+    for _ in range(2000):
+        stop_at, produced, steps = rng.randint(1, 60), 1, 1  # the prefill yields the first token
+        metrics = RequestSpecDecodeMetrics.new(k)
+        while produced < stop_at:
+            steps += 1
+            if drafter == "eagle" or rng.random() < 0.6:
+                accepted = rng.choice([0, 1, 2, 3, 3, 3])
+                metrics.observe(num_draft_tokens=k, num_accepted=accepted)
+                produced += accepted + 1
+            else:
+                produced += 1
+        spec = metrics.to_dict()
+        counted = target_steps(stop_at, spec)
+        assert counted <= steps and stop_at / counted <= k + 1
+        if drafter == "eagle" or produced == stop_at:
+            assert counted == steps
+
+
 def test_every_method_is_asked_the_reference_answers_turn_by_turn(monkeypatch):
     """no_spec answers first and its answers make the second turn's prompts, for itself and for
     every later method, so the methods' outputs compare token for token."""

@@ -42,9 +42,31 @@ def test_run_produces_a_draft_that_beats_the_untrained_one(default_run):
             assert key in acc[method], (method, key)
     k = default_run["config"]["evaluate"]["num_speculative_tokens"]
     assert len(acc["draft"]["per_position_acceptance"]) == k
-    assert acc["draft"]["num_drafts"] > 0
+    assert acc["draft"]["drafting_steps"] > 0
     # A margin that means something: 1.00 is what an untrained draft gets (every token rejected).
     assert acc["draft"]["mean_acceptance_length"] >= 1.5 * acc["untrained_draft"]["mean_acceptance_length"]
+
+
+def test_no_acceptance_figure_passes_its_ceiling_and_both_definitions_are_given(default_run):
+    """At k drafted tokens a target step yields at most k + 1: per request, per set, per category
+    and overall, in both definitions acceptance.json names."""
+    import pandas as pd
+
+    run = default_run["run_dir"]
+    acc = json.loads((run / "eval" / "acceptance.json").read_text())
+    k = acc["num_speculative_tokens"]
+    assert set(acc["definitions"]) == {"mean_acceptance_length", "mean_acceptance_length_per_draft"}
+    figures = [acc[m] for m in ("ngram", "untrained_draft", "draft")]
+    figures += [b[m] for b in acc["benchmarks"].values() for m in ("ngram", "untrained_draft", "draft")]
+    for f in figures:
+        for key in acc["definitions"]:
+            assert 1 <= f[key] <= k + 1, (key, f)
+    requests = pd.read_csv(run / "eval" / "requests.csv")
+    assert requests["tokens_per_step"].between(1, k + 1).all(), requests.nlargest(3, "tokens_per_step")
+    assert (requests["target_steps"] > requests["drafting_steps"]).all()  # the prefill's step at least
+    table = pd.read_csv(run / "eval" / "benchmarks.csv")
+    for key in acc["definitions"]:
+        assert table[key].between(1, k + 1).all(), key
 
 
 def test_training_curves_hold_every_epoch(default_run):

@@ -431,7 +431,7 @@ def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_a
         assert exported[name]["draft_vocab_size"] == 256
         assert exported[name]["transformer_layer_config"]["num_hidden_layers"] == 2
         acc = json.loads((variant / "eval" / "acceptance.json").read_text())
-        assert acc["draft"]["lossless"] is True and acc["draft"]["num_drafts"] > 0
+        assert acc["draft"]["lossless"] is True and acc["draft"]["drafting_steps"] > 0
         masks[name] = json.loads((variant / "draft_config.json").read_text())["eaglenest"]["mask_token"]
         assert exported[name]["mask_token_id"] == masks[name]["id"]
         (servers[name],) = [f for f in server_logs if f"{variant}/draft" in f.read_text(errors="replace")]

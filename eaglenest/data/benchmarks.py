@@ -103,17 +103,57 @@ def turn_messages(conv: dict, turn: int, answers: list[str]) -> list[dict]:
     return [*messages, {"role": "user", "content": conv["turns"][turn]}]
 
 
+def target_steps(tokens: int, spec: dict | None) -> int:
+    """The target steps one request took to give its `tokens` (the output it kept).
+
+    Every step yields one token of its own (the prefill's first token, or the bonus token of a
+    verify step) plus the drafts it accepted. vLLM counts a step's accepted drafts before it cuts
+    the output at a stop (`num_accepted_draft_tokens` includes tokens after an EOS in the last
+    step), so `tokens - accepted` can undercount the steps: a request that stopped mid-step
+    would show more than k + 1 tokens per step. The steps are at least the prefill plus every
+    verify step (`num_spec_steps`), and exactly that where every decode step drafts (EAGLE-3 and
+    the parallel drafters); n-gram also decodes steps that draft nothing, which vLLM does not
+    count, and those are `tokens - accepted` when nothing was cut. The larger of the two never
+    exceeds the true count, and tokens / steps never exceeds k + 1 (docs, "Evaluation")."""
+    if not spec:
+        return tokens
+    return max(tokens - spec["num_accepted_draft_tokens"], 1 + spec["num_spec_steps"], 1)
+
+
+# What acceptance.json's two figures mean, written into it beside them.
+ACCEPTANCE_DEFINITIONS = {
+    "mean_acceptance_length": (
+        "output tokens per target step over every step of every request (the prefill's, those "
+        "that drafted and those that did not), counted from the tokens each response kept: "
+        "what decoding gets, at most num_speculative_tokens + 1"
+    ),
+    "mean_acceptance_length_per_draft": (
+        "1 + accepted draft tokens per drafting (verify) step: vLLM's mean_acceptance_length and "
+        "the EAGLE papers' acceptance length (bonus token included); drafts vLLM accepted and then "
+        "cut at a stop count as accepted"
+    ),
+}
+
+
 def request_acceptance(requests: list[dict], k: int) -> dict:
     """Acceptance over requests from vLLM's per-request spec-decode metrics (the response's
-    `metrics.speculative_decoding`, `--per-request-spec-decode-metrics summary`): tokens per
-    target step over all steps (each step yields one token of its own plus those it accepted),
-    the rate over drafted tokens, and per draft position the share of drafting steps that
+    `metrics.speculative_decoding`, `--per-request-spec-decode-metrics summary`), in both
+    definitions users compare (docs, "Evaluation"):
+
+    - `mean_acceptance_length`: output tokens per target step, over every step of every request
+      (`target_steps`): what a user's decoding gets, and at most k + 1;
+    - `mean_acceptance_length_per_draft`: 1 + accepted drafts per drafting (verify) step, vLLM's
+      own figure and the papers' acceptance length (bonus token included), over the steps
+      that drafted only.
+
+    Also the rate over drafted tokens, and per draft position the share of drafting steps that
     accepted it (a chain: j accepted means positions 1..j were)."""
     tokens = sum(r["completion_tokens"] for r in requests)
+    steps = sum(target_steps(r["completion_tokens"], r.get("spec")) for r in requests)
     spec = [r["spec"] for r in requests if r.get("spec")]
     accepted = sum(s["num_accepted_draft_tokens"] for s in spec)
     drafted = sum(s["num_draft_tokens"] for s in spec)
-    steps = sum(s["num_spec_steps"] for s in spec)
+    drafting_steps = sum(s["num_spec_steps"] for s in spec)
     histogram = [0] * (k + 1)
     for s in spec:
         for j, count in enumerate(s["acceptance_histogram"][: k + 1]):
@@ -121,10 +161,17 @@ def request_acceptance(requests: list[dict], k: int) -> dict:
     return {
         "requests": len(requests),
         "output_tokens": tokens,
-        "mean_acceptance_length": tokens / (tokens - accepted) if tokens > accepted else 1.0,
+        "target_steps": steps,
+        "drafting_steps": drafting_steps,
+        "accepted_tokens": accepted,
+        "mean_acceptance_length": tokens / steps if steps else 1.0,
+        "mean_acceptance_length_per_draft": 1.0 + accepted / drafting_steps if drafting_steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else (0.0 if spec else None),
         "per_position_acceptance": (
-            [sum(histogram[j] for j in range(i + 1, k + 1)) / steps if steps else 0.0 for i in range(k)]
+            [
+                sum(histogram[j] for j in range(i + 1, k + 1)) / drafting_steps if drafting_steps else 0.0
+                for i in range(k)
+            ]
             if spec
             else None
         ),

@@ -2,15 +2,15 @@
 
 On the held-out prompts, greedy, vLLM serves the target four ways: no speculation, n-gram
 speculation, an untrained draft (the floor) and the trained draft, each with the same
-`num_speculative_tokens`. Acceptance comes from vLLM's own spec-decode counters (`/metrics`,
-read before and after, so only this run's requests count). Speculation must be lossless: each
-method's greedy outputs are compared with those of no speculation. A sweep's variant serves its
-trained draft alone and is compared with the run's own no-speculation outputs.
+`num_speculative_tokens`. Acceptance comes from each response's own spec-decode metrics
+(`--per-request-spec-decode-metrics`), so it breaks down by benchmark, category, turn and
+request, in both definitions users compare (eaglenest.data.benchmarks.request_acceptance).
+Speculation must be lossless: each method's greedy outputs are compared with those of no
+speculation. A sweep's variant serves its trained draft alone and is compared with the run's
+own no-speculation outputs.
 
 Each method also answers the configured benchmarks (eaglenest.data.benchmarks: MT-Bench and local
-sets), turn by turn, on the same server; their figures come from each response's own
-spec-decode metrics (`--per-request-spec-decode-metrics`), so they break down by benchmark,
-category, turn and request.
+sets), turn by turn, on the same server.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import shutil
 import time
 import urllib.request
@@ -27,7 +26,13 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, iter_jsonl, read_json, read_jsonl, write_json, write_jsonl
-from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
+from eaglenest.data.benchmarks import (
+    ACCEPTANCE_DEFINITIONS,
+    HELD_OUT,
+    request_acceptance,
+    target_steps,
+    turn_messages,
+)
 from eaglenest.draft.algorithms import folder_algorithm, trains_embeddings, vllm_speculative_config
 from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, serving
 from eaglenest.target.resolve import load_tokenizer
@@ -35,7 +40,6 @@ from eaglenest.target.resolve import load_tokenizer
 log = logging.getLogger(__name__)
 
 METHODS = ("no_spec", "ngram", "untrained_draft", "draft")
-_METRIC = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([0-9.eE+-]+)$")
 
 
 def method_spec(
@@ -71,50 +75,6 @@ def method_spec(
     if method != "no_spec":  # vLLM refuses the flag without speculation
         args += ["--per-request-spec-decode-metrics", "summary"]  # each response's own acceptance
     return ServerSpec(model=target, args=tuple(args), env=env)
-
-
-def read_spec_metrics(server: Server) -> dict:
-    """vLLM's spec-decode counters: totals and accepted tokens per draft position."""
-    text = urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10).read().decode()
-    out: dict = {"per_pos": {}}
-    for line in text.splitlines():
-        m = _METRIC.match(line.strip())
-        if not m or line.startswith("#"):
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        if name.endswith("_created"):
-            continue
-        pos = re.search(r'position="(\d+)"', labels)
-        if name == "vllm:spec_decode_num_accepted_tokens_per_pos" and pos:
-            out["per_pos"][int(pos.group(1))] = out["per_pos"].get(int(pos.group(1)), 0) + value
-        else:
-            out[name.removeprefix("vllm:spec_decode_")] = (
-                out.get(name.removeprefix("vllm:spec_decode_"), 0) + value
-            )
-    return out
-
-
-def acceptance_from_counters(before: dict, after: dict, k: int) -> dict:
-    drafts = after.get("num_drafts", 0) - before.get("num_drafts", 0)
-    draft_tokens = after.get("num_draft_tokens", 0) - before.get("num_draft_tokens", 0)
-    accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
-    per_pos = [after["per_pos"].get(i, 0) - before["per_pos"].get(i, 0) for i in range(k)]
-    if drafts <= 0:
-        return {
-            "num_drafts": 0,
-            "mean_acceptance_length": 1.0,
-            "acceptance_rate": 0.0,
-            "per_position_acceptance": [0.0] * k,
-        }
-    return {
-        "num_drafts": int(drafts),
-        "num_draft_tokens": int(draft_tokens),
-        "num_accepted_tokens": int(accepted),
-        # Each target step yields the accepted draft tokens plus the one the target adds.
-        "mean_acceptance_length": 1.0 + accepted / drafts,  # vLLM's definition: per draft
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-        "per_position_acceptance": [a / drafts for a in per_pos],
-    }
 
 
 def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: int, stall_timeout_s: float):
@@ -178,32 +138,21 @@ def evaluate_method(
     spec_decoding: bool,
     stall_timeout_s: float,
 ) -> tuple[dict, list[dict]]:
-    before = read_spec_metrics(server) if spec_decoding else None
+    """Every prompt answered greedily; acceptance from each response's own spec-decode metrics
+    (`request_acceptance`: tokens per target step, vLLM's per-draft figure, per position)."""
     outs, seconds = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
-    tokens = sum(o["completion_tokens"] for o in outs)
-    if spec_decoding:
-        result = acceptance_from_counters(before, read_spec_metrics(server), k)
-    else:
-        result = {
-            "num_drafts": 0,
-            "mean_acceptance_length": 1.0,
-            "acceptance_rate": None,
-            "per_position_acceptance": None,
-        }
+    if spec_decoding and (missing := [o["id"] for o in outs if not o["spec"]]):
+        # Counted as steps of one token each, they would pull the figure down unseen.
+        raise ServerError(
+            f"{len(missing)} responses carry no per-request spec-decode metrics (e.g. prompt "
+            f"{missing[0]}): the server needs --per-request-spec-decode-metrics",
+            server.log_path,
+        )
+    result = request_acceptance(outs, k)
+    tokens = result["output_tokens"]
     result.update(
-        {
-            "output_tokens": tokens,
-            "seconds": round(seconds, 3),
-            "output_tokens_per_s": round(tokens / seconds, 2) if seconds else None,
-        }
+        seconds=round(seconds, 3), output_tokens_per_s=round(tokens / seconds, 2) if seconds else None
     )
-    # vLLM's figure averages over the steps that drafted; n-gram drafts only where it finds a
-    # match. Tokens per target step over ALL steps is what a user gets, so that is the headline
-    # `mean_acceptance_length`; vLLM's own figure stays as `..._per_draft`. Every target step
-    # yields one token of its own plus the drafts it accepted.
-    accepted = result.get("num_accepted_tokens", 0)
-    result["mean_acceptance_length_per_draft"] = result["mean_acceptance_length"]
-    result["mean_acceptance_length"] = tokens / (tokens - accepted) if tokens > accepted else 1.0
     return result, outs
 
 
@@ -349,6 +298,7 @@ def write_table(results: dict, out_csv) -> None:
 
     cols = [
         "mean_acceptance_length",
+        "mean_acceptance_length_per_draft",
         "acceptance_rate",
         "output_tokens_per_s",
         "lossless",
@@ -469,7 +419,7 @@ def _write_outputs(
     if out_requests:
         write_requests(requests, out_requests)
     if out_request_png:
-        plot_requests(requests, out_request_png)
+        plot_requests(requests, out_request_png, summary["num_speculative_tokens"])
     write_json(out_json, summary)
 
 
@@ -520,6 +470,7 @@ def evaluate_stage(
         "prompts": len(prompts),
         "max_tokens": max_tokens,
         "lossless_means": lossless_means,
+        "definitions": ACCEPTANCE_DEFINITIONS,
         **results,
         "benchmarks": _benchmark_figures(per_set, conversations, methods),
     }
@@ -641,6 +592,7 @@ def write_set_table(per_set: dict, out_csv) -> None:
                     "method": method,
                     "requests": g["requests"],
                     "mean_acceptance_length": g["mean_acceptance_length"],
+                    "mean_acceptance_length_per_draft": g["mean_acceptance_length_per_draft"],
                     "acceptance_rate": g["acceptance_rate"],
                 }
                 for i, a in enumerate(g["per_position_acceptance"] or []):
@@ -657,8 +609,8 @@ def request_rows(stored: list[dict]) -> list[dict]:
     rows = []
     for o in stored:
         spec = o.get("spec") or {}
-        accepted = spec.get("num_accepted_draft_tokens", 0)
         tokens = o["completion_tokens"]
+        steps = target_steps(tokens, o.get("spec"))
         rows.append(
             {
                 "method": o["method"],
@@ -668,9 +620,11 @@ def request_rows(stored: list[dict]) -> list[dict]:
                 "turn": o["turn"] + 1,
                 "prompt_tokens": o["prompt_tokens"],
                 "output_tokens": tokens,
-                "accepted_tokens": accepted,
+                "accepted_tokens": spec.get("num_accepted_draft_tokens", 0),
                 "draft_tokens": spec.get("num_draft_tokens", 0),
-                "tokens_per_step": tokens / (tokens - accepted) if tokens > accepted else 1.0,
+                "drafting_steps": spec.get("num_spec_steps", 0),
+                "target_steps": steps,
+                "tokens_per_step": tokens / steps,
             }
         )
     return rows
@@ -683,9 +637,9 @@ def write_requests(requests: list[dict], out_csv) -> None:
         pd.DataFrame(requests).to_csv(tmp, index=False)
 
 
-def plot_requests(requests: list[dict], out_png) -> None:
+def plot_requests(requests: list[dict], out_png, k: int) -> None:
     """The spread of tokens per target step across requests, per set and speculating method,
-    and each request's against its prompt length."""
+    and each request's against its prompt length, under the ceiling k + 1."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -711,6 +665,9 @@ def plot_requests(requests: list[dict], out_png) -> None:
             )
     ax_len.set(xlabel="prompt tokens (context the turn was asked with)", ylabel="tokens per target step",
                title="Against context length")  # fmt: skip
+    for ax in (ax_box, ax_len):
+        ax.axhline(k + 1, color="grey", linestyle="--", linewidth=1, label=f"ceiling k + 1 = {k + 1}")
+        ax.set_ylim(0.9, k + 1.3)
     if len(df):
         ax_len.legend(fontsize="small")
     fig.tight_layout()
