@@ -191,8 +191,8 @@ def test_method_spec_reads_the_served_folders_own_type(tmp_path):
 def test_both_trainers_per_position_accuracies_are_read():
     eagle3 = {"full_acc_0_epoch": 0.5, "full_acc_1_epoch": 0.25, "cond_acc_1_epoch": 0.5, "loss_epoch": 2.0}
     peagle = {"position_1_acc_epoch": 0.2, "position_0_acc_epoch": 0.6, "full_acc_epoch": 0.4}
-    assert position_accuracies(eagle3) == {0: 0.5, 1: 0.25}
-    assert position_accuracies(peagle) == {0: 0.6, 1: 0.2}
+    assert position_accuracies(eagle3) == {1: 0.5, 2: 0.25}
+    assert position_accuracies(peagle) == {1: 0.6, 2: 0.2}
 
 
 def test_planning_refuses_more_tokens_than_depths_and_an_sglang_export_of_p_eagle(tmp_path):
@@ -349,7 +349,7 @@ def test_dflash_is_served_by_vllms_own_method():
 def test_dflash_positions_count_from_the_first_drafted_slot():
     """speculators' DFlash numbers a block's slots from the anchor (slot 0, never drafted)."""
     dflash = {"position_1_acc_epoch": 0.7, "position_2_acc_epoch": 0.4, "eal_epoch": 2.1}
-    assert position_accuracies(dflash, "dflash") == {0: 0.7, 1: 0.4}
+    assert position_accuracies(dflash, "dflash") == {1: 0.7, 2: 0.4}
 
 
 def test_planning_refuses_more_tokens_than_a_dflash_block_holds():

@@ -327,7 +327,7 @@ def test_the_draft_is_exported_for_sglang_beside_vllm_with_every_check_passed(de
     assert "sglang" in summary and "parity passed" in summary
     for folder, library in (("draft", "vllm"), ("draft_sglang", "sglang")):
         card = (run / folder / "README.md").read_text()
-        assert f"library_name: {library}" in card and "position 0: " in card, folder
+        assert f"library_name: {library}" in card and "position 1: " in card, folder
 
 
 def test_no_server_is_left_running(default_run):

@@ -188,7 +188,7 @@ def test_the_export_writes_what_sglang_reads_and_records_its_checks(tmp_path):
     card = (out / "README.md").read_text()
     assert card.startswith("---\nbase_model: ") and "library_name: sglang" in card
     assert "--speculative-algorithm EAGLE3" in card and "--speculative-num-steps 3" in card
-    assert "position 0: 0.412" in card and "position 2: 0.105" in card
+    assert "position 1: 0.412" in card and "position 3: 0.105" in card
     assert "1,234 conversations" in card and "norm_before_residual: False" in card
 
 

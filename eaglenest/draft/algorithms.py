@@ -170,9 +170,10 @@ _FIRST_DRAFTED_SLOT = {"dflash": 1}
 
 
 def position_accuracies(split_metrics: dict, algorithm: str = "eagle3") -> dict[int, float]:
-    """{draft position: accuracy} of one epoch's train or val metrics, position 0 being the
-    first drafted token whatever the algorithm."""
-    first = _FIRST_DRAFTED_SLOT.get(algorithm, 0)
+    """{draft position: accuracy} of one epoch's train or val metrics, position 1 being the
+    first drafted token whatever the algorithm: the numbering of the served per-position
+    acceptance (1..k), used everywhere eaglenest shows a position."""
+    first = _FIRST_DRAFTED_SLOT.get(algorithm, 0) - 1
     found = {}
     for key, value in split_metrics.items():
         m = _POSITION_ACCURACY.match(key)
