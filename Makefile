@@ -2,7 +2,7 @@
 # Each creates .venv first when it is missing.
 SNAKEMAKE := .venv/bin/snakemake
 
-.PHONY: env run dry-run report test test-fast lint clean
+.PHONY: env run dry-run report test test-fast lint docs clean
 env:
 	envs/setup.sh
 
@@ -28,9 +28,13 @@ test: env
 test-fast: env
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -rs -p no:cacheprovider -n auto --dist worksteal tests -m "not engine and not slurm"
 
-# Lint, format, the package's layer contract (.importlinter) and workflow checks (CI runs them
-# before the tests), and a dry run of every shipped config and of the real-model study overlay.
+# The docs' generated pages current and the site built strictly (broken links and anchors, pages
+# missing from the nav), lint, format, the package's layer contract (.importlinter) and workflow
+# checks (CI runs them before the tests), and a dry run of every shipped config and of the
+# real-model study overlay.
 lint: env
+	.venv/bin/python docs/generate.py --check
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .mkdocs-site && rm -rf .mkdocs-site
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/snakefmt --check Snakefile rules
@@ -44,5 +48,10 @@ lint: env
 	@HF_HUB_OFFLINE=1 $(SNAKEMAKE) -n -q --configfile config/smollm2.yaml benchmarks/configs/smollm2_study.yaml \
 	  > /dev/null && echo "dry run ok: config/smollm2.yaml + benchmarks/configs/smollm2_study.yaml"
 
+# The docs' generated pages (the config reference, the results) and the site, in site/.
+docs: env
+	.venv/bin/python docs/generate.py
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+
 clean:
-	rm -rf results .snakemake report.html
+	rm -rf results .snakemake report.html site
