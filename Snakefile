@@ -7,7 +7,7 @@ min_version("9.0")
 
 
 # The embedded default, only when no --configfile is given: a user's config file is the whole
-# config (the schema fills defaults), never merged over the stand-in's (README, "Configs").
+# config (the schema fills defaults), never merged over the stand-in's (docs/guide/pipeline.md#configs-one-file-is-the-whole-config).
 if not workflow.overwrite_configfiles:
 
     configfile: "config/config.yaml"

@@ -1,5 +1,5 @@
 """Repeated kills: the default pipeline, SIGKILLed N times at seeded random moments, resumed each
-time as the README says, then compared with an uninterrupted run.
+time as docs/reference/troubleshooting.md says, then compared with an uninterrupted run.
 
 Each round starts `snakemake --cores all` (with `--rerun-incomplete` after the first kill) in a
 fresh working directory, sends SIGKILL to Snakemake's whole process group (a lost node, the OOM

@@ -5,7 +5,7 @@ rule's script stays a thin adapter and every stage can be tested and run on its 
 
 One folder per layer, lowest first: core, pipeline, engine and target, planning and data, draft,
 hidden_states, training, evaluation, report; a module imports only from its own folder and the
-layers below (tests/test_layers.py, and the README's "Layout").
+layers below (tests/test_layers.py, and docs/development/architecture.md#layout).
 
 Each rule has one entry point of the same shape, `<module>.<name>_stage(...)` (prepare_stage,
 regenerate_stage, tokenize_stage, mapping_stage, extract_stage, train_stage, ...): its script

@@ -1,7 +1,7 @@
 """The package's layers: each subpackage imports only from its own folder and the layers below,
-so what a folder depends on can be read from the tree (README, "Layout"). The direction of
+so what a folder depends on can be read from the tree (docs/development/architecture.md#layout). The direction of
 imports is import-linter's contract (.importlinter, run by `make lint`); these tests keep that
-contract whole (every module in a layer, every layer in the README) and check what it does not:
+contract whole (every module in a layer, every layer in the docs' layout) and check what it does not:
 no import circle, even inside one subpackage or one function, and imports at the top of each
 module unless one is kept lazy on purpose."""
 
@@ -48,13 +48,13 @@ def folder(module: str) -> str:
 
 def test_every_module_sits_in_a_layer_folder():
     """A module at the package's top (other than the CLI) or in a new folder must be given a
-    place in the contract's layers, and in the README's layout."""
+    place in the contract's layers, and in the docs' layout."""
     stray = sorted(m for m in modules() if folder(m) not in LAYER_OF)
     assert not stray, f"modules outside the layer folders: {stray}"
-    readme = (PACKAGE_DIR.parent / "README.md").read_text()
-    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    page = (PACKAGE_DIR.parent / "docs" / "development" / "architecture.md").read_text()
+    layout = page.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
     missing = sorted(f for f in LAYER_OF if f != "cli" and not re.search(rf"^ +{f}/ ", layout, re.M))
-    assert not missing, f"folders missing from the README's layout: {missing}"
+    assert not missing, f"folders missing from docs/development/architecture.md's layout: {missing}"
 
 
 def test_no_import_circle_even_inside_functions():

@@ -379,7 +379,7 @@ def test_two_variant_sweep_reuses_the_default_runs_upstream_and_serves_p_eagle_a
     default_run, tmp_path
 ):
     """A real two-variant sweep on a copy of the shared default run: P-EAGLE and DFlash (the
-    minute-scale smoke runs of the README's "Drafters"), one epoch on a quarter of the rows and a
+    minute-scale smoke runs of docs/guide/drafters.md), one epoch on a quarter of the rows and a
     smaller draft vocabulary, through training, export and vLLM's evaluation, on the run's own
     hidden states, beside the run's own EAGLE-3 draft. The copy keeps every file's time (and
     Snakemake's records), so it is the finished run as a user would sweep it, and the variants

@@ -19,7 +19,7 @@ from hs_connectors.fp8_utils import dequantize_fp8_tensor
 
 FP8_DTYPE = torch.float8_e4m3fn
 # e4m3 keeps 3 mantissa bits: a value in its normal range is off by at most 2^-4 (6.25%) and by
-# about 2-3% over a token (measured per slot on real shards, see the README). A slot's mean
+# about 2-3% over a token (measured per slot on real shards, docs/results.md#fp8-error). A slot's mean
 # above 5% means part of it fell below fp8's normal range (subnormals, zeros): its values no
 # longer say what the target computed.
 MAX_SLOT_ERROR = 0.05
