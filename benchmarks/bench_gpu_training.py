@@ -15,7 +15,11 @@ by the extraction stage's own shard writer. The draft config is derived from tha
 It trains 2 epochs and is killed once the first epoch's checkpoint is whole, then run again:
 the rerun must resume from that checkpoint and train only the second epoch, as after a
 preemption. It prints each phase's seconds, the training tokens per second, the GPU memory the
-trainer held at its peak (nvidia-smi, sampled), the checkpoint's size, and each check.
+trainer held at its peak (nvidia-smi, sampled), the checkpoint's size, and each check. With
+--record (Kimi's shape only) the run's figures and checks are added to the record
+`gpu_training` (benchmarks/records/, with date, commit, machine, command, versions; records.py
+needs only the standard library); on a copied tree without git, name the commit measured with
+--commit. Bring benchmarks/records/gpu_training.json back and run `make docs`.
 
 On a GPU machine without network, carry the wheels it needs beside it (made where the package
 registry is reachable, with the versions in envs/constraints-gpu.txt):
@@ -26,7 +30,7 @@ registry is reachable, with the versions in envs/constraints-gpu.txt):
 CPU at tiny shapes (what the test suite runs): python benchmarks/bench_gpu_training.py --shape tiny
 
 Usage: python benchmarks/bench_gpu_training.py [--shape kimi|tiny] [--samples N] [--seq-len L]
-                                              [--workdir DIR]
+                                              [--workdir DIR] [--record [--commit SHA]]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import time
 from pathlib import Path
 
 import torch
+from records import append_run, command_line, head_commit, repo_path
 from safetensors.torch import save_file
 
 from eaglenest.core.io import iter_jsonl, write_jsonl
@@ -264,14 +269,140 @@ def rerun_spec(spec_file: Path) -> dict:
     return train_stage(**stage_kwargs(work, data, target, spec["hp"]))
 
 
-def main(argv=None) -> int:
+def record_commit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The commit a --record run measures, named before the run (None without --record)."""
+    if not args.record:
+        return None
+    if args.shape != "kimi":
+        parser.error("--record: the record `gpu_training` holds the Kimi shape's runs")
+    try:
+        return args.commit or head_commit()
+    except RuntimeError as e:
+        parser.error(f"--record: {e} with --commit")
+
+
+def record_run(measured: dict, checks: dict, commit: str) -> None:
+    """The run's figures and its checks, added to the record `gpu_training`."""
+    passed = sum(checks.values())
+    figures = {**measured, "checks passed": "all" if passed == len(checks) else f"{passed} of {len(checks)}"}
+    rows = [[name, "ok" if ok else "FAIL"] for name, ok in checks.items()]
+    tables = [{"title": "Checks", "columns": ["check", "result"], "rows": rows}]
+    path = append_run("gpu_training", figures, command=command_line(), tables=tables, commit=commit)
+    print(f"recorded in {repo_path(path)}; bring it back and run `make docs`")
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, str | None]:
+    """The arguments, and the commit a --record run measures (None without --record)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="kimi")
     parser.add_argument("--samples", type=int)
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed after")
     parser.add_argument("--timeout-s", type=float, default=1800)
+    parser.add_argument("--record", action="store_true", help="add this run to the record `gpu_training`")
+    parser.add_argument("--commit", help="with --record: the commit measured (default: this checkout's)")
     args = parser.parse_args(argv)
+    return args, record_commit(parser, args)
+
+
+def make_inputs(work: Path, shape: dict, samples: int, seq_len: int) -> tuple[Path, dict, object, float]:
+    """The made-up target, data and draft config; their seconds."""
+    t = time.monotonic()
+    target_dir = make_target(work / "target", shape)
+    data = make_data(work, shape, samples, seq_len)
+    target = resolve_target(str(target_dir))
+    dcfg = draft_config_stage(
+        target_dir,
+        work / "vocab" / "draft_config.json",
+        aux_layer_ids=default_aux_layer_ids(shape["num_hidden_layers"]),
+        draft_vocab_size=shape["draft_vocab_size"],
+        max_position_embeddings=shape["total_seq_len"],
+    )
+    made = time.monotonic() - t
+    print(f"inputs made: {made:.1f} s (draft rope: {dcfg.get('rope_parameters')})")
+    return target_dir, data, target, made
+
+
+def train_and_resume(work: Path, target_dir: Path, data: dict, target, hp: dict, timeout_s: float,
+                     measured: dict, checks: dict) -> None:  # fmt: skip
+    """Training killed once its first epoch's checkpoint is whole, then rerun: it must resume
+    and train only the second epoch. Adds its figures to `measured` and its checks to `checks`."""
+    spec = {
+        "work": str(work),
+        "target": str(target_dir),
+        "tokenized": str(data["tokenized"]),
+        "shards": [str(s) for s in data["shards"]],
+        "hp": hp,
+    }
+    memory = GpuMemory()
+    first = train_until_first_checkpoint(work, spec, timeout_s)
+    print(f"epoch 0 (killed once its checkpoint was whole): {first:.1f} s")
+    t = time.monotonic()
+    summary = train_stage(**stage_kwargs(work, data, target, hp))
+    resumed = time.monotonic() - t
+    peak = memory.stop()
+    rows = list(iter_jsonl(data["tokenized"]))
+    train_tokens = sum(len(r["input_ids"]) for r in rows) * hp["train_data_ratio"]
+    print(
+        f"rerun, resumed: {resumed:.1f} s for epoch {summary['final_epoch']}, about "
+        f"{train_tokens / resumed:,.0f} training tokens/s, the trainer's start-up included"
+    )
+    print(f"GPU memory at its peak: {peak} MiB" if peak is not None else "GPU memory: no nvidia-smi")
+    measured["epoch 0 (s)"] = round(first)
+    measured["resumed epoch (s)"] = round(resumed)
+    measured["training tokens/s, resumed epoch, start-up included"] = round(train_tokens / resumed)
+    if peak is not None:
+        measured["peak GPU memory (GB)"] = round(peak * 2**20 / 1e9, 1)
+    measured[f"epoch 0 rows ({len(rows[0]['input_ids']):,} tokens each)"] = summary["train_rows"]
+    checks["resumed from epoch 0, trained epoch 1 only"] = (
+        summary["resumed_from_epoch"] == 0 and summary["final_epoch"] == 1
+    )
+    checkpoint = work / "draft" / "checkpoint"
+    (epoch,) = (work / ".eaglenest" / "train").glob(f"*/checkpoints/{summary['final_epoch']}")
+    checks["the kept epoch checkpoint is whole (model, config, optimizer)"] = (
+        checkpoint_problem(epoch) is None
+    )
+    mb = {p: sum(f.stat().st_size for f in p.iterdir()) / 1e6 for p in (checkpoint, epoch)}
+    print(f"draft checkpoint: {mb[checkpoint]:.1f} MB; the epoch's, with optimizer state: {mb[epoch]:.1f} MB")
+    measured["draft checkpoint (GB)"] = round(mb[checkpoint] / 1e3, 2)
+    measured["draft checkpoint with optimizer state (GB)"] = round(mb[epoch] / 1e3, 2)
+
+
+def export_and_check(work: Path, data: dict, target, shape: dict, hp: dict, device: str,
+                     measured: dict, checks: dict) -> None:  # fmt: skip
+    """The export of the trained draft, timed, and the checks on it and on the trainer's flags."""
+    n = shape["num_hidden_layers"]
+    t = time.monotonic()
+    exported = export_stage(
+        work / "draft" / "checkpoint",
+        work / "export",
+        t2d_pt=data["vocab"].t2d_pt,
+        d2t_pt=data["vocab"].d2t_pt,
+        draft_config_path=work / "vocab" / "draft_config.json",
+        target=target,
+        max_model_len=shape["total_seq_len"],
+        hp=hp,
+    )
+    measured["export (s)"] = round(time.monotonic() - t, 1)
+    print(f"export: {measured['export (s)']:.1f} s")
+    config = json.loads((work / "export" / "config.json").read_text())
+    checks["export names the target's aux layers and draft vocabulary"] = (
+        config.get("eagle_aux_hidden_state_layer_ids") == default_aux_layer_ids(n)
+        and config.get("draft_vocab_size") == shape["draft_vocab_size"]
+    )
+    layer = exported["transformer_layer_config"]
+    checks["the exported draft keeps the target's rope (YaRN for Kimi)"] = all(
+        layer.get("rope_parameters", {}).get(k) == v for k, v in shape["rope_parameters"].items()
+    )
+    logs = (work / "logs" / "train_draft.log").read_text()
+    if device == "cuda":
+        checks["trainer ran with its GPU defaults (no eager loss, no sdpa)"] = (
+            "--loss-implementation eager" not in logs and "--draft-attn-impl sdpa" not in logs
+        )
+
+
+def main(argv=None) -> int:
+    args, commit = parse_args(argv)
     shape = SHAPES[args.shape]
     samples, seq_len = args.samples or shape["samples"], args.seq_len or shape["seq_len"]
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gpu-training-"))
@@ -282,87 +413,20 @@ def main(argv=None) -> int:
         f"(draft {shape['draft_vocab_size']}), {samples} samples x {seq_len} tokens, device {device}"
         + (f" ({torch.cuda.get_device_name()})" if device == "cuda" else "")
     )
-    checks = {}
+    checks, measured = {}, {}  # measured: the record's figures, named as its earlier runs name them
     try:
-        t = time.monotonic()
-        target_dir = make_target(work / "target", shape)
-        data = make_data(work, shape, samples, seq_len)
-        target = resolve_target(str(target_dir))
-        n = shape["num_hidden_layers"]
-        dcfg = draft_config_stage(
-            target_dir,
-            work / "vocab" / "draft_config.json",
-            aux_layer_ids=default_aux_layer_ids(n),
-            draft_vocab_size=shape["draft_vocab_size"],
-            max_position_embeddings=shape["total_seq_len"],
-        )
-        print(f"inputs made: {time.monotonic() - t:.1f} s (draft rope: {dcfg.get('rope_parameters')})")
+        target_dir, data, target, made = make_inputs(work, shape, samples, seq_len)
         hp = {**TRAINER_DEFAULTS, "total_seq_len": shape["total_seq_len"]}
-        spec = {
-            "work": str(work),
-            "target": str(target_dir),
-            "tokenized": str(data["tokenized"]),
-            "shards": [str(s) for s in data["shards"]],
-            "hp": hp,
-        }
-        memory = GpuMemory()
-        first = train_until_first_checkpoint(work, spec, args.timeout_s)
-        print(f"epoch 0 (killed once its checkpoint was whole): {first:.1f} s")
-        t = time.monotonic()
-        summary = train_stage(**stage_kwargs(work, data, target, hp))
-        resumed = time.monotonic() - t
-        peak = memory.stop()
-        train_tokens = (
-            sum(len(r["input_ids"]) for r in iter_jsonl(data["tokenized"])) * hp["train_data_ratio"]
-        )
-        print(
-            f"rerun, resumed: {resumed:.1f} s for epoch {summary['final_epoch']}, about "
-            f"{train_tokens / resumed:,.0f} training tokens/s, the trainer's start-up included"
-        )
-        print(f"GPU memory at its peak: {peak} MiB" if peak is not None else "GPU memory: no nvidia-smi")
-        checks["resumed from epoch 0, trained epoch 1 only"] = (
-            summary["resumed_from_epoch"] == 0 and summary["final_epoch"] == 1
-        )
-        checkpoint = work / "draft" / "checkpoint"
-        (epoch,) = (work / ".eaglenest" / "train").glob(f"*/checkpoints/{summary['final_epoch']}")
-        checks["the kept epoch checkpoint is whole (model, config, optimizer)"] = (
-            checkpoint_problem(epoch) is None
-        )
-        mb = {p: sum(f.stat().st_size for f in p.iterdir()) / 1e6 for p in (checkpoint, epoch)}
-        print(
-            f"draft checkpoint: {mb[checkpoint]:.1f} MB; the epoch's, with optimizer state: {mb[epoch]:.1f} MB"
-        )
-        t = time.monotonic()
-        exported = export_stage(
-            checkpoint,
-            work / "export",
-            t2d_pt=data["vocab"].t2d_pt,
-            d2t_pt=data["vocab"].d2t_pt,
-            draft_config_path=work / "vocab" / "draft_config.json",
-            target=target,
-            max_model_len=shape["total_seq_len"],
-            hp=hp,
-        )
-        print(f"export: {time.monotonic() - t:.1f} s")
-        config = json.loads((work / "export" / "config.json").read_text())
-        checks["export names the target's aux layers and draft vocabulary"] = (
-            config.get("eagle_aux_hidden_state_layer_ids") == default_aux_layer_ids(n)
-            and config.get("draft_vocab_size") == shape["draft_vocab_size"]
-        )
-        layer = exported["transformer_layer_config"]
-        checks["the exported draft keeps the target's rope (YaRN for Kimi)"] = all(
-            layer.get("rope_parameters", {}).get(k) == v for k, v in shape["rope_parameters"].items()
-        )
-        logs = (work / "logs" / "train_draft.log").read_text()
-        if device == "cuda":
-            checks["trainer ran with its GPU defaults (no eager loss, no sdpa)"] = (
-                "--loss-implementation eager" not in logs and "--draft-attn-impl sdpa" not in logs
-            )
+        train_and_resume(work, target_dir, data, target, hp, args.timeout_s, measured, checks)
+        export_and_check(work, data, target, shape, hp, device, measured, checks)
+        measured["inputs made (s)"] = round(made, 1)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
+    if commit:
+        record_run(measured, checks, commit)
     return 0 if checks and all(checks.values()) else 1
 
 

@@ -18,8 +18,13 @@ is the workflow's and which is Snakemake's own per-job cost.
 Each size is timed --repeat times (3 by default) and the best counts, as timeit does: on a
 shared machine the other runs measure the neighbours, not the plan.
 
+With --record the run (its figures and the table of sizes) is added to the record `planning`
+(benchmarks/records/planning.json, made by its first run; with date, commit, machine, command,
+versions); `make docs` renders it.
+
 Usage: python benchmarks/bench_planning.py [--shards 10 100 1000 4000] [--repeat 3]
                                             [--profile N] [--snakefile Snakefile] [--no-floor]
+                                            [--record]
 """
 
 from __future__ import annotations
@@ -35,10 +40,23 @@ import time
 from pathlib import Path
 
 import yaml
+from records import append_run, command_line, head_commit, repo_path
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY_MODULES = ("torch", "transformers", "vllm", "speculators")
 FLOOR_SNAKEFILE = REPO / "benchmarks" / "planning_floor.smk"
+# The record's head, written by its first --record run.
+RECORD = {
+    "title": "Planning",
+    "what": (
+        "`snakemake -n` on config/kimi-k2.5.yaml with hidden_states.num_shards = N, in a fresh working "
+        "directory, best of 3 by default: wall and CPU seconds per size, the growth exponent, Snakemake alone on "
+        "a plan of the same shape (benchmarks/planning_floor.smk), and one plan with the network cut "
+        "off that must import no engine or model module."
+    ),
+    "script": "benchmarks/bench_planning.py",
+}
+SIZE_COLUMNS = ["shards", "jobs", "seconds", "s/shard", "CPU s", "CPU ms/shard above N0"]
 
 # Runs snakemake's CLI in-process with the network cut off, then reports heavy imports.
 GUARD = r"""
@@ -119,16 +137,15 @@ def time_floor(num_shards: int) -> tuple[float, float, int]:
         return time_snakemake(args)
 
 
-def guarded_plan(snakefile: Path, base_config: Path, num_shards: int) -> str:
-    """The GUARD lines of a `snakemake -n` run with the network cut off."""
+def guarded_plan(snakefile: Path, base_config: Path, num_shards: int) -> tuple[str, list[str]]:
+    """How a `snakemake -n` run with the network cut off ended, and its GUARD lines."""
     with tempfile.TemporaryDirectory(prefix="bench_planning_guard_") as tmp:
         tmp = Path(tmp)
         cfg = write_config(base_config, num_shards, tmp / "config.yaml")
         cmd = [sys.executable, "-c", GUARD, *snakemake_cmd(snakefile, cfg, tmp / "wd")]
         proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("GUARD:")]
-    status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
-    return "\n".join([f"guarded run ({num_shards} shards): {status}", *lines])
+    return "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})", lines
 
 
 def profile_plan(snakefile: Path, base_config: Path, num_shards: int, top: int = 18) -> None:
@@ -200,7 +217,85 @@ def snakemake_import_seconds() -> float:
     return min(float(r.stdout) for r in runs)
 
 
-def main() -> None:
+def size_table(results: list) -> tuple[dict, list[list]]:
+    """Prints each size's jobs, seconds and CPU seconds; returns its figures and the rows."""
+    print(
+        f"{'shards':>7} {'jobs':>6} {'seconds':>8} {'s/shard':>9} {'CPU s':>7} {'CPU ms/shard above N0':>22}"
+    )
+    figures, rows = {}, []
+    n0, _, _t0, c0 = results[0]
+    for n, jobs, t, c in results:
+        above = f"{(c - c0) / (n - n0) * 1e3:.2f}" if n > n0 else "-"
+        print(f"{n:>7} {jobs:>6} {t:>8.2f} {t / n:>9.4f} {c:>7.2f} {above:>22}")
+        figures[f"snakemake -n, {n} shards (s)"] = round(t, 2)
+        rows.append([n, jobs, round(t, 2), f"{t / n:.4f}", round(c, 2), float(above) if n > n0 else above])
+    figures |= {f"snakemake -n, {n} shards, CPU (s)": round(c, 2) for n, _, _, c in results}
+    return figures, rows
+
+
+def growth_figures(results: list) -> dict:
+    """Prints and returns the growth exponents between the last two sizes, and the goals at 1000
+    shards (under 3 s, under 12 times 100 shards')."""
+    if len(results) < 2:
+        return {}
+    n0, _, _t0, c0 = results[0]
+    (na, _, ta, ca), (nb, _, tb, cb) = results[-2], results[-1]
+    wall, cpu = slope(na, ta, nb, tb), slope(na, ca, nb, cb)
+    print(f"growth exponent {na}->{nb} shards, log-log slope: wall {wall:.2f}, CPU {cpu:.2f}")
+    figures = {f"growth exponent {na}->{nb} shards, wall": round(wall, 2)}
+    figures[f"growth exponent {na}->{nb} shards, CPU"] = round(cpu, 2)
+    if na > n0:
+        above = slope(na - n0, ca - c0, nb - n0, cb - c0)
+        print(
+            f"growth exponent {na}->{nb} of the CPU time above {n0} shards (the per-shard "
+            f"part; 1 = linear, 2 = quadratic): {above:.2f}"
+        )
+        figures[f"growth exponent {na}->{nb} shards, CPU above {n0} shards"] = round(above, 2)
+    seconds = {n: t for n, _, t, _ in results}
+    if 1000 in seconds:
+        at_1000 = seconds[1000]
+        figures["1000 shards, goal < 3 s"] = "met" if at_1000 < 3 else "MISSED"
+        print(f"1000 shards: {at_1000:.2f} s (goal < 3 s: {figures['1000 shards, goal < 3 s']})")
+        if 100 in seconds:
+            ratio = at_1000 / seconds[100]
+            figures["1000 / 100 shards (x)"] = round(ratio, 1)
+            figures["1000 / 100 shards, goal < 12x"] = "met" if ratio < 12 else "MISSED"
+            print(f"1000 / 100 shards: {ratio:.1f}x (goal < 12x: {figures['1000 / 100 shards, goal < 12x']})")
+    return figures
+
+
+def floor_figures(snakefile: Path, configfile: Path, n: int, repeat: int) -> dict:
+    """Snakemake alone on a plan of this shape against the workflow, interleaved so that both
+    meet the same neighbours; prints and returns the best of each and eaglenest's share."""
+    runs = [(time_floor(n), time_plan(snakefile, configfile, n)) for _ in range(repeat)]
+    floor, ours = min(r[0][0] for r in runs), min(r[1][0] for r in runs)
+    print(
+        f"{n} shards, Snakemake alone on a plan of this shape (benchmarks/planning_floor.smk, "
+        f"{runs[0][0][2]} jobs): {floor:.2f} s; the workflow in the same minutes: {ours:.2f} s "
+        f"(eaglenest's share {ours - floor:+.2f} s)"
+    )
+    return {
+        f"Snakemake alone, {n} shards (s)": round(floor, 2),
+        f"the workflow in the same minutes, {n} shards (s)": round(ours, 2),
+        f"eaglenest's share, {n} shards (s)": round(ours - floor, 2),
+    }
+
+
+def guard_figures(snakefile: Path, configfile: Path, n: int) -> dict:
+    """Prints and returns how the plan with the network cut off went."""
+    status, lines = guarded_plan(snakefile, configfile, n)
+    print("\n".join([f"guarded run ({n} shards): {status}", *lines]))
+    heavy = "GUARD: heavy modules imported: "
+    return {
+        f"guarded plan, {n} shards": status,
+        "guarded plan: network access attempted": any(ln.startswith("GUARD: network") for ln in lines),
+        "guarded plan: heavy modules imported": next(
+            (ln.removeprefix(heavy) for ln in lines if ln.startswith(heavy)), "not reported"
+        ),
+    }
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, nargs="+", default=[10, 100, 1000, 4000])
     parser.add_argument("--repeat", type=int, default=3, help="runs per size; the best counts")
@@ -215,62 +310,42 @@ def main() -> None:
         action="store_true",
         help="skip Snakemake alone on a plan of the same shape (benchmarks/planning_floor.smk)",
     )
-    args = parser.parse_args()
+    parser.add_argument("--record", action="store_true", help="add this run to the record `planning`")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    commit = head_commit() if args.record else None  # the commit measured, before the runs
     shards = sorted(set(args.shards))
     snakefile, configfile = args.snakefile.resolve(), args.configfile.resolve()
+    repeat = max(1, args.repeat)
 
     results = []
     for n in shards:
-        runs = [time_plan(snakefile, configfile, n) for _ in range(max(1, args.repeat))]
+        runs = [time_plan(snakefile, configfile, n) for _ in range(repeat)]
         results.append((n, runs[0][2], min(r[0] for r in runs), min(r[1] for r in runs)))
 
-    where = configfile.relative_to(REPO) if configfile.is_relative_to(REPO) else configfile
-    print(
-        f"snakemake -n, {where} with hidden_states.num_shards = N, fresh working directory, "
-        f"Snakefile {snakefile}; best of {max(1, args.repeat)}; {os.cpu_count()} CPUs, load "
-        f"average {os.getloadavg()[0]:.1f}"
+    title = (
+        f"snakemake -n, {repo_path(configfile)} with hidden_states.num_shards = N, fresh working "
+        f"directory, Snakefile {repo_path(snakefile)}; best of {repeat}"
     )
-    print(
-        f"{'shards':>7} {'jobs':>6} {'seconds':>8} {'s/shard':>9} {'CPU s':>7} {'CPU ms/shard above N0':>22}"
-    )
-    n0, _, _t0, c0 = results[0]
-    for n, jobs, t, c in results:
-        above = f"{(c - c0) / (n - n0) * 1e3:.2f}" if n > n0 else "-"
-        print(f"{n:>7} {jobs:>6} {t:>8.2f} {t / n:>9.4f} {c:>7.2f} {above:>22}")
-    if len(results) >= 2:
-        (na, _, ta, ca), (nb, _, tb, cb) = results[-2], results[-1]
-        print(
-            f"growth exponent {na}->{nb} shards, log-log slope: wall {slope(na, ta, nb, tb):.2f}, "
-            f"CPU {slope(na, ca, nb, cb):.2f}"
-        )
-        if na > n0:
-            print(
-                f"growth exponent {na}->{nb} of the CPU time above {n0} shards (the per-shard "
-                f"part; 1 = linear, 2 = quadratic): {slope(na - n0, ca - c0, nb - n0, cb - c0):.2f}"
-            )
-        seconds = {n: t for n, _, t, _ in results}
-        if 1000 in seconds:
-            at_1000 = seconds[1000]
-            print(f"1000 shards: {at_1000:.2f} s (goal < 3 s: {'met' if at_1000 < 3 else 'MISSED'})")
-            if 100 in seconds:
-                ratio = at_1000 / seconds[100]
-                print(f"1000 / 100 shards: {ratio:.1f}x (goal < 12x: {'met' if ratio < 12 else 'MISSED'})")
-    print(f"fixed cost outside the workflow: `import snakemake.cli` {snakemake_import_seconds():.2f} s")
+    print(f"{title}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    figures, rows = size_table(results)
+    figures |= growth_figures(results)
+    import_s = snakemake_import_seconds()
+    print(f"fixed cost outside the workflow: `import snakemake.cli` {import_s:.2f} s")
+    figures["import snakemake.cli (s)"] = round(import_s, 2)
     if not args.no_floor:
-        # Interleaved with the workflow's own plans, so both meet the same neighbours.
-        n = shards[-1]
-        runs = [(time_floor(n), time_plan(snakefile, configfile, n)) for _ in range(max(1, args.repeat))]
-        floor, ours = min(r[0][0] for r in runs), min(r[1][0] for r in runs)
-        print(
-            f"{n} shards, Snakemake alone on a plan of this shape (benchmarks/planning_floor.smk, "
-            f"{runs[0][0][2]} jobs): {floor:.2f} s; the workflow in the same minutes: {ours:.2f} s "
-            f"(eaglenest's share {ours - floor:+.2f} s)"
-        )
-
+        figures |= floor_figures(snakefile, configfile, shards[-1], repeat)
     if not args.no_guard:
-        print(guarded_plan(snakefile, configfile, 100))
+        figures |= guard_figures(snakefile, configfile, 100)
     if args.profile:
         profile_plan(snakefile, configfile, args.profile)
+    if args.record:
+        tables = [{"title": title, "columns": SIZE_COLUMNS, "rows": rows}]
+        path = append_run("planning", figures, command=command_line(), tables=tables, commit=commit, **RECORD)
+        print(f"recorded in {repo_path(path)}; run `make docs`")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ its training prompts (`prompts/prompts.jsonl`) and held-out prompts (`prompts/ev
 
 Prints each arm's steps and wall seconds, training rows, epochs, tokens per target step,
 per-position acceptance and output tokens/s, and writes them to
-`<run_dir>/bench_vs_speculators/bench_vs_speculators.json`. On a 2-core CPU machine its
+`<run_dir>/bench_vs_speculators/bench_vs_speculators.json`; with --record the run (its
+figures and tables) is added to the record `vs_speculators` (benchmarks/records/, with date,
+commit, machine, command, versions), which `make docs` renders. On a 2-core CPU machine its
 trainer defaults (8,192 tokens a step, 12 loader workers) take about 4 minutes an epoch on the
 default run's data, so its default 20 epochs take over an hour: `--spec-epochs 5` is the value
 speculators' own offline example script passes (examples/train/eagle3_llama3_8b_sharegpt_offline_5k.sh,
@@ -46,7 +48,7 @@ own step count is read back from its metrics and printed beside (c)'s.
 
 Usage: python benchmarks/bench_vs_speculators.py --workdir WORKDIR_OF_A_FINISHED_RUN
          [--configfile CONFIG [OVERLAY ...]] [--arms speculators speculators_data eaglenest]
-         [--spec-epochs N] [--spec-train-args "--num-workers 2"]
+         [--spec-epochs N] [--spec-train-args "--num-workers 2"] [--record]
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ import sys
 import time
 from pathlib import Path
 
+from records import append_run, command_line, head_commit, repo_path
+
 REPO = Path(__file__).resolve().parents[1]
 # The stages of a finished run that turn the prompts into the exported draft.
 EAGLENEST_STAGES = (
@@ -78,6 +82,14 @@ TRAIN_SETTINGS = (
     "total_seq_len", "hidden_states_dtype", "num_workers", "train_data_ratio", "seed", "num_layers",
     "sliding_window", "draft_vocab_size", "target_layer_ids",
 )  # fmt: skip
+# Each arm's figures in the record, named as its earlier runs name them so that runs line up.
+ARM_FIGURE = {
+    "speculators": "speculators' recipe {}",
+    "speculators_data": "speculators' data, eaglenest's training: {}",
+    "eaglenest": "eaglenest: {}",
+}
+RECORDED_NAMES = {"eaglenest: wall to a draft (s)": "eaglenest wall to a draft (s)"}
+BENCH_NAMES = {"mt_bench": "MT-Bench"}
 
 
 @contextlib.contextmanager
@@ -415,21 +427,12 @@ def evaluate(arms: dict, cfg: dict, target, run_dir: Path, scratch: Path) -> Non
         )
 
 
-def report(arms: dict, stored: dict) -> None:
-    for name, arm in arms.items():
-        print(f"\n{name} steps (wall s{', Snakemake benchmark files' if name == 'eaglenest' else ''}):")
-        for step, s in arm["steps_s"].items():
-            print(f"  {step:<24} {s:8.1f}")
-    draft = stored.get("draft", {})
-    print(
-        f"\neaglenest's own evaluation of its draft (eval/acceptance.json): "
-        f"{draft.get('mean_acceptance_length', float('nan')):.3f} tokens per target step, "
-        f"{draft.get('output_tokens_per_s')} tok/s"
-    )
+def per_pos(acceptance: dict, sep: str = " ") -> str:
+    return sep.join(f"{x:.2f}" for x in acceptance["per_position_acceptance"] or [])
 
-    def per_pos(a):
-        return " ".join(f"{x:.2f}" for x in a["per_position_acceptance"] or [])
 
+def arm_table(arms: dict) -> dict:
+    """The arms side by side, as printed: a row per figure, a column per arm."""
     rows = [
         ("wall s to a draft", lambda a: f"{a['total_s']:.1f}"),
         ("training rows", lambda a: a["train_rows"]),
@@ -449,20 +452,92 @@ def report(arms: dict, stored: dict) -> None:
                 lambda a, b=bench: f"{a['acceptance']['benchmarks'][b]['mean_acceptance_length']:.3f}",
             )
         )
+    return {
+        "columns": ["", *arms],
+        "rows": [[label, *(value(a) for a in arms.values())] for label, value in rows],
+    }
+
+
+def data_ratios(arms: dict) -> dict:
+    """The data pipeline's worth at equal training: (c)'s tokens per target step over (b)'s,
+    per prompt set (none unless both arms ran)."""
+    if not ("eaglenest" in arms and "speculators_data" in arms):
+        return {}
+    c, b = arms["eaglenest"]["acceptance"], arms["speculators_data"]["acceptance"]
+    sets = {"held out": (c, b)} | {n: (c["benchmarks"][n], b["benchmarks"][n]) for n in c["benchmarks"]}
+    return {n: x["mean_acceptance_length"] / y["mean_acceptance_length"] for n, (x, y) in sets.items()}
+
+
+def report(arms: dict, stored: dict) -> list[dict]:
+    """Prints each arm's steps, the arms side by side and the data pipeline's worth; returns
+    the two tables (the arms, then each step's wall seconds)."""
+    for name, arm in arms.items():
+        print(f"\n{name} steps (wall s{', Snakemake benchmark files' if name == 'eaglenest' else ''}):")
+        for step, s in arm["steps_s"].items():
+            print(f"  {step:<24} {s:8.1f}")
+    draft = stored.get("draft", {})
+    print(
+        f"\neaglenest's own evaluation of its draft (eval/acceptance.json): "
+        f"{draft.get('mean_acceptance_length', float('nan')):.3f} tokens per target step, "
+        f"{draft.get('output_tokens_per_s')} tok/s"
+    )
+    table = arm_table(arms)
     print(f"\n{'':<26}" + "".join(f"{name:>22}" for name in arms))
-    for label, value in rows:
-        print(f"{label:<26}" + "".join(f"{value(a)!s:>22}" for a in arms.values()))
-    if "eaglenest" in arms and "speculators_data" in arms:
-        # The data pipeline's worth at equal training: (c) over (b), per prompt set.
-        c, b = arms["eaglenest"]["acceptance"], arms["speculators_data"]["acceptance"]
-        sets = {"held-out": (c, b)} | {n: (c["benchmarks"][n], b["benchmarks"][n]) for n in c["benchmarks"]}
+    for label, *values in table["rows"]:
+        print(f"{label:<26}" + "".join(f"{v!s:>22}" for v in values))
+    ratios = data_ratios(arms)
+    if ratios:
         print(
             "\neaglenest / speculators' data at equal steps (tokens per target step): "
-            + ", ".join(
-                f"{n} {x['mean_acceptance_length'] / y['mean_acceptance_length']:.3f}x"
-                for n, (x, y) in sets.items()
-            )
+            + ", ".join(f"{n} {r:.3f}x" for n, r in ratios.items())
         )
+    steps = [[name, step, s] for name, arm in arms.items() for step, s in arm["steps_s"].items()]
+    return [
+        table,
+        {"title": "Each arm's steps, wall seconds", "columns": ["arm", "step", "s"], "rows": steps},
+    ]
+
+
+def arm_figures(arms: dict) -> dict:
+    """The record's figures: each arm's held-out tokens per target step first (the docs list
+    an earlier run by its first four figures), then the data pipeline's worth, then the rest."""
+    figures = {}
+
+    def put(arm: str, what: str, value) -> None:
+        name = ARM_FIGURE[arm].format(what)
+        figures[RECORDED_NAMES.get(name, name)] = value
+
+    for arm, a in arms.items():
+        put(arm, "tokens per target step, held out", round(a["acceptance"]["mean_acceptance_length"], 3))
+    for name, ratio in data_ratios(arms).items():
+        figures[f"eaglenest's data against speculators', {BENCH_NAMES.get(name, name)} (x)"] = round(ratio, 3)
+    for arm, a in arms.items():
+        acceptance = a["acceptance"]
+        for bench, f in acceptance.get("benchmarks", {}).items():
+            what = f"tokens per target step, {BENCH_NAMES.get(bench, bench)}"
+            put(arm, what, round(f["mean_acceptance_length"], 3))
+        put(arm, "per-position acceptance, held out", per_pos(acceptance, " / "))
+        put(arm, "output tokens/s, held out", acceptance["output_tokens_per_s"])
+        put(arm, "wall to a draft (s)", round(a["total_s"]))
+        put(arm, "training rows", a["train_rows"])
+        if a.get("train_steps"):
+            put(arm, "optimizer steps", a["train_steps"])
+        put(arm, "lossless", acceptance["greedy_identical_to_no_spec"])
+    return figures
+
+
+def record_run(args, ev: dict, arms: dict, tables: list[dict], commit: str) -> None:
+    """The run's figures and tables, added to the record `vs_speculators`."""
+    title = (
+        f"The arms on {' + '.join(map(repo_path, args.configfile))}, served back to back by eaglenest's "
+        f"evaluation (k {ev['num_speculative_tokens']}, max_tokens {ev['max_tokens']}, greedy; "
+        f"speculators' epochs {args.spec_epochs or 'its default'})"
+    )
+    tables = [{"title": title, **tables[0]}, *tables[1:]]
+    path = append_run(
+        "vs_speculators", arm_figures(arms), command=command_line(), tables=tables, commit=commit
+    )
+    print(f"recorded in {repo_path(path)}; run `make docs`")
 
 
 def main() -> None:
@@ -479,7 +554,9 @@ def main() -> None:
     )
     ap.add_argument("--spec-epochs", type=int, help="speculators' epochs (default: its own, 20)")
     ap.add_argument("--spec-train-args", default="", help="more train flags, e.g. '--num-workers 2'")
+    ap.add_argument("--record", action="store_true", help="add this run to the record `vs_speculators`")
     args = ap.parse_args()
+    commit = head_commit() if args.record else None  # the commit measured, before the long run
 
     from snakemake.utils import validate
 
@@ -525,10 +602,12 @@ def main() -> None:
     finally:
         if not socket_dir(scratch).is_relative_to(scratch.resolve()):  # a short one in /tmp
             shutil.rmtree(socket_dir(scratch), ignore_errors=True)
-    report(arms, stored)
+    tables = report(arms, stored)
     out = scratch / "bench_vs_speculators.json"
     out.write_text(json.dumps({"workdir": str(workdir), "config": args.configfile, **arms}, indent=2))
     print(f"\nwritten: {out}")
+    if args.record:
+        record_run(args, ev, arms, tables, commit)
 
 
 if __name__ == "__main__":

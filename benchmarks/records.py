@@ -10,6 +10,10 @@ figures themselves (name -> value) and optional tables. A re-measure appends a r
 
     from records import append_run  # from a script under benchmarks/
     append_run("default_run", figures, command=" ".join(sys.argv), tables=[...])
+
+A record's first `append_run` may create it: give `title=` and `what=` (and `script=`, else the
+running script). It needs nothing beyond the standard library (and git for the commit, or
+`commit=`), so it runs on a GPU machine without a network.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,10 +96,44 @@ def installed_versions() -> dict:
 
 
 def head_commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    """This checkout's commit, `+changes` when tracked files differ from it. Raises where there
+    is no git or no checkout (a copied tree): give the commit measured then."""
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+    except OSError as e:
+        raise RuntimeError(f"no git to name the commit measured ({e}); give it") from e
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise RuntimeError(f"{REPO} is not a git checkout: give the commit measured")
     return proc.stdout.strip() + ("+changes" if dirty else "")
+
+
+def repo_path(path: str | Path) -> str:
+    """A path as seen from the repository root where it lies inside it, else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
+def command_line() -> str:
+    """The running script's command line, as typed from the repository root."""
+    return shlex.join(["python", repo_path(sys.argv[0]), *sys.argv[1:]])
+
+
+def new_record(name: str, title: str | None, what: str | None, script: str | None) -> dict:
+    """A record's head, for its first run: name, title (its section of docs/results.md), what it
+    measures and the script that measures it."""
+    if not (title and what):
+        raise ValueError(f"{record_path(name)} does not exist: give title= and what= to create it")
+    return {
+        "name": name,
+        "title": title,
+        "what": what,
+        "script": script or repo_path(sys.argv[0]),
+        "runs": [],
+    }
 
 
 def append_run(
@@ -104,11 +144,15 @@ def append_run(
     tables: list[dict] | None = None,
     note: str | None = None,
     commit: str | None = None,
+    title: str | None = None,
+    what: str | None = None,
+    script: str | None = None,
 ) -> Path:
-    """Add a run measured now, on this machine, to record `name` (which must exist: its title
-    and description are written once, by hand)."""
+    """Add a run measured now, on this machine, to record `name`. A record that exists keeps its
+    title and description (written once); one that does not is created from `title`, `what` and
+    `script` (default: the running script)."""
     path = record_path(name)
-    record = json.loads(path.read_text())
+    record = json.loads(path.read_text()) if path.exists() else new_record(name, title, what, script)
     run = {
         "date": datetime.date.today().isoformat(),
         "commit": commit or head_commit(),
