@@ -8,8 +8,8 @@ give Snakemake metadata to compare params against.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -386,7 +386,9 @@ def test_kimi_plan_states_cache_status_and_gpu_memory(workflow, monkeypatch, cap
     assert f"set target.revision: {commit} in {workflow / 'config' / 'kimi-k2.5.yaml'}" in err
     assert cli.main([*kimi, "--config", f"target={{cache_dir: {cache}, revision: {commit}}}"]) == 0
     out = capsys.readouterr().out
-    assert f"Target: moonshotai/Kimi-K2.5 (revision {commit}): cached in {cache} at commit {commit[:12]}" in out
+    assert (
+        f"Target: moonshotai/Kimi-K2.5 (revision {commit}): cached in {cache} at commit {commit[:12]}" in out
+    )
     assert f"remote code: pinned to commit {commit}" in out
     assert "download_target" not in out
 

@@ -679,7 +679,7 @@ def _log_summary(meta: dict) -> None:
     if reasoning["rendered"] < reasoning["assistant_turns_with_reasoning"]:
         log.warning(
             "the reasoning of %d assistant turns is not in the training text: the chat "
-            'template does not render it there (see docs/guide/loss-masks.md)',
+            "template does not render it there (see docs/guide/loss-masks.md)",
             reasoning["assistant_turns_with_reasoning"] - reasoning["rendered"],
         )
 

@@ -532,7 +532,7 @@ def check_remote_code_pinned(
         f"{repo_id} runs remote code (target.trust_remote_code: true) from {branch}, which the "
         f"hub can point at other code at any time; none of it was imported. Pin the commit it "
         f"names now: set target.revision: {commit or '<the commit>'} in {config} (or "
-        f'{UNPINNED_KEY}: true to follow the branch; docs/guide/target.md#remote-code-only-from-a-pinned-commit-only-as-the-hub-served-it)'
+        f"{UNPINNED_KEY}: true to follow the branch; docs/guide/target.md#remote-code-only-from-a-pinned-commit-only-as-the-hub-served-it)"
     )
 
 
