@@ -78,7 +78,32 @@ def run_figures(run_dir: Path, wall: float) -> tuple[dict, list[dict]]:
             )
     with open(run_dir / "stage_times.csv") as f:
         stages = [[row["stage"], round(float(row["wall_s"]))] for row in csv.DictReader(f)]
-    return figures, [{"title": "Stage wall seconds", "columns": ["stage", "seconds"], "rows": stages}]
+    tables = [{"title": "Stage wall seconds", "columns": ["stage", "seconds"], "rows": stages}]
+    return figures, tables + sweep_tables(run_dir)
+
+
+# The sweep's comparison columns a record keeps (compare_variants' sweep/comparison.csv): the
+# variant, its training rows and vocabulary coverage, what it served, the trainer's estimate, time.
+SWEEP_COLUMNS = ("variant", "rows", "coverage", "tokens_per_step", "tokens_per_draft", "train_s")
+
+
+def sweep_tables(run_dir: Path) -> list[dict]:
+    """A sweep's comparison table, where the config has a sweep."""
+    path = run_dir / "sweep" / "comparison.csv"
+    if not path.exists():
+        return []
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    columns = [c for c in rows[0] if any(key in c for key in SWEEP_COLUMNS)] if rows else []
+
+    def cell(value: str):
+        try:
+            return round(float(value), 3)
+        except ValueError:
+            return value
+
+    body = [[cell(r[c]) for c in columns] for r in rows]
+    return [{"title": "The sweep (sweep/comparison.csv)", "columns": columns, "rows": body}]
 
 
 def expected_headline(record: str) -> tuple[float | None, str]:
