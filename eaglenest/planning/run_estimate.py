@@ -160,8 +160,10 @@ def target_status(cfg: dict, workdir=".") -> dict:
             out["bytes"] = int(target["weights_gb"] * 1e9) if target.get("weights_gb") else None
             out["bytes_from"] = "target.weights_gb" if target.get("weights_gb") else "unknown"
             if not built:  # download_target's own check, with the estimate for the listing
-                margin = int(float(cfg.get("hidden_states", {}).get("disk_margin_gb", 0) or 0) * 1e9)
-                out["download_room"] = {"free_bytes": free_bytes(status["cache_dir"]), "margin_bytes": margin}
+                out["download_room"] = {
+                    "free_bytes": free_bytes(status["cache_dir"]),
+                    "margin_bytes": disk_margin_bytes(cfg),
+                }
         out["remote_code"] = remote_code_plan(target, built, status["commit"])
     elif built:
         out.update(source="built by the workflow", cached=None, bytes=None)
@@ -174,6 +176,12 @@ def target_status(cfg: dict, workdir=".") -> dict:
         )
     out["gpu_memory"] = gpu_memory_check(cfg, out.get("bytes"))
     return out
+
+
+def disk_margin_bytes(cfg: dict) -> int:
+    """hidden_states.disk_margin_gb in bytes: the free disk a run leaves beside the hidden
+    states and beside a target's download."""
+    return int(float(cfg.get("hidden_states", {}).get("disk_margin_gb", 0) or 0) * 1e9)
 
 
 def remote_code_plan(target: dict, built: bool, cached_commit: str | None) -> str | None:
@@ -333,7 +341,7 @@ def estimate_hidden_states(cfg: dict, workdir=".", rebuilding=(), basedir=None) 
         est["free_bytes"] = free_bytes(run)
     except OSError:
         est["free_bytes"] = None
-    est["disk_margin_bytes"] = int(float(hs.get("disk_margin_gb", 0) or 0) * 1e9)
+    est["disk_margin_bytes"] = disk_margin_bytes(cfg)
     return est
 
 

@@ -332,8 +332,9 @@ def bytes_to_fetch(repo_id: str, files: list[HubFile], cache_dir=None) -> int:
     return max(needed, 0)
 
 
-def check_room_for_download(repo_id: str, needed: int, cache_dir, margin_bytes: int) -> None:
-    """Refuse a download that would not leave `margin_bytes` free in the hub cache."""
+def check_room_for_download(repo_id: str, needed: int, cache_dir, margin_bytes: int) -> int:
+    """Refuse a download that would not leave `margin_bytes` free in the hub cache; the free
+    bytes where it fits."""
     cache = hub_cache_dir(cache_dir)
     free = free_bytes(cache)
     if free < needed + margin_bytes:
@@ -345,6 +346,7 @@ def check_room_for_download(repo_id: str, needed: int, cache_dir, margin_bytes: 
             "at a larger disk",
             cache,
         )
+    return free
 
 
 def download_stage(
@@ -366,11 +368,10 @@ def download_stage(
         if trust_remote_code:
             check_remote_code_pinned(repo_id, revision, commit, allow_unpinned=allow_unpinned_remote_code)
         needed = bytes_to_fetch(repo_id, files, cache_dir)
-        check_room_for_download(repo_id, needed, cache_dir, int(disk_margin_gb * 1e9))
+        free = check_room_for_download(repo_id, needed, cache_dir, int(disk_margin_gb * 1e9))
         logging.getLogger(__name__).info(
             "%s at commit %s: %s to fetch, %s free in %s",
-            repo_id, commit, human_bytes(needed), human_bytes(free_bytes(hub_cache_dir(cache_dir))),
-            hub_cache_dir(cache_dir),
+            repo_id, commit, human_bytes(needed), human_bytes(free), hub_cache_dir(cache_dir),
         )  # fmt: skip
     return _download(repo_id, revision, cache_dir)
 
