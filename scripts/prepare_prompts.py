@@ -11,6 +11,7 @@ run_logged(
     sources=list(p.sources),
     eval_samples=p.eval_samples,
     seed=p.seed,
+    modes=[dict(m) for m in p.modes],
     train_path=sm.output.train,
     eval_path=sm.output.eval,
     stats_path=sm.output.stats,

@@ -55,7 +55,7 @@ def test_messages_schema_keeps_history_and_drops_trailing_reply():
             {"role": "assistant", "content": "4"},
         ]
     }
-    assert normalise_row(row) == [
+    assert normalise_row(row)["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello!"},
@@ -78,19 +78,19 @@ def test_sharegpt_schema_maps_roles():
             {"from": "assistant", "value": "h"},
         ],
     }
-    roles = [t["role"] for t in normalise_row(row)]
+    roles = [t["role"] for t in normalise_row(row)["messages"]]
     assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
 
 
 def test_prompt_schema_and_extra_fields_ignored():
-    assert normalise_row({"prompt": "Tell me a joke.", "category": "fun"}) == [
+    assert normalise_row({"prompt": "Tell me a joke.", "category": "fun"})["messages"] == [
         {"role": "user", "content": "Tell me a joke."}
     ]
 
 
 def test_empty_system_turn_is_removed_not_dropped():
     row = {"conversations": [{"from": "system", "value": ""}, {"from": "human", "value": "hi"}]}
-    assert normalise_row(row) == [{"role": "user", "content": "hi"}]
+    assert normalise_row(row)["messages"] == [{"role": "user", "content": "hi"}]
 
 
 def test_output_schema(tmp_path):
@@ -100,6 +100,7 @@ def test_output_schema(tmp_path):
         {
             "id": prompt_id([{"role": "user", "content": "hello"}]),
             "source": "a",
+            "mode": "default",
             "messages": [{"role": "user", "content": "hello"}],
         }
     ]
@@ -126,7 +127,8 @@ def test_each_drop_reason_counted(tmp_path):
                 {"role": "user", "content": "y"},
             ]
         },  # empty_content
-        {"messages": [{"role": "tool", "content": "x"}]},  # unknown_role
+        {"messages": [{"role": "tool", "tool_call_id": "c1", "content": "x"}]},  # tool_result_without_call
+        {"messages": [{"role": "developer", "content": "x"}]},  # unknown_role
         {"conversations": [{"from": "robot", "value": "x"}]},  # unknown_role
         {"messages": [{"role": "user", "content": 5}]},  # malformed
         {"messages": [{"role": "user"}]},  # malformed
@@ -147,11 +149,11 @@ def test_each_drop_reason_counted(tmp_path):
         "no_user_turn": 2,
         "empty_content": 3,
         "unknown_role": 2,
+        "tool_result_without_call": 1,
         "malformed": 8,
         "duplicate": 2,
     }
-    assert set(expected) == set(DROP_REASONS)
-    assert stats["dropped"] == {k: expected[k] for k in DROP_REASONS}
+    assert stats["dropped"] == {k: expected.get(k, 0) for k in DROP_REASONS}
     s = stats["sources"]["a"]
     assert s["dropped"] == stats["dropped"]
     assert (s["rows_in"], s["usable"], s["kept"]) == (len(rows), 1, 1)
@@ -201,9 +203,9 @@ def test_ids_stable_across_runs_and_formats(tmp_path):
     _, t2, e2 = run(tmp_path, sources, eval_samples=5, out="o2")
     assert (t1, e1) == (t2, e2)
     # same prompt from a different schema gets the same id
-    assert prompt_id(normalise_row({"conversations": [{"from": "human", "value": "q 0?"}]})) == next(
-        r["id"] for r in t1 + e1 if r["messages"][0]["content"] == "q 0?"
-    )
+    assert prompt_id(
+        normalise_row({"conversations": [{"from": "human", "value": "q 0?"}]})["messages"]
+    ) == next(r["id"] for r in t1 + e1 if r["messages"][0]["content"] == "q 0?")
 
 
 def test_ids_stable_in_a_fresh_interpreter():
@@ -289,7 +291,7 @@ def test_bundled_default_resolves_from_another_cwd(tmp_path, monkeypatch):
 def test_bundled_default_file_quality():
     rows = read_jsonl(BUNDLED_DIR / "default.jsonl")
     assert 1400 <= len(rows) <= 1600
-    msgs = [normalise_row(r) for r in rows]  # all usable
+    msgs = [normalise_row(r)["messages"] for r in rows]  # all usable
     assert len({prompt_id(m) for m in msgs}) == len(rows)
     assert sum(m[0]["role"] == "system" for m in msgs) >= 5
     assert sum(any(t["role"] == "assistant" for t in m) for m in msgs) >= 5
@@ -483,7 +485,10 @@ def test_snakemake_script_adapter(tmp_path):
     out = tmp_path / "res"
     snakemake = SimpleNamespace(
         params=SimpleNamespace(
-            sources=[{"name": "default", "type": "bundled", "samples": 30}], eval_samples=4, seed=1
+            sources=[{"name": "default", "type": "bundled", "samples": 30}],
+            eval_samples=4,
+            seed=1,
+            modes=[{"name": "default"}],
         ),
         output=SimpleNamespace(
             train=str(out / "prompts.jsonl"), eval=str(out / "eval.jsonl"), stats=str(out / "stats.json")
@@ -507,3 +512,118 @@ def test_snakemake_script_adapter(tmp_path):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["train"] == 26 and stats["eval"] == 4
     assert "26 train, 4 eval" in (tmp_path / "log.txt").read_text()
+
+
+# ---------------------------------------------------------------------------------- tool rows, modes
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+CALLS = [
+    {"id": "functions.get_weather:0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+    {"id": "functions.get_weather:1", "type": "function", "function": {"name": "get_weather", "arguments": '{ "city": "Rome" }'}},
+]  # fmt: skip
+
+
+def tool_row(**over):
+    row = {
+        "tools": json.dumps([TOOL]),  # a JSON string, as many datasets store it
+        "messages": [
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": None, "reasoning_content": "Two cities.", "tool_calls": CALLS},
+            {"role": "tool", "tool_call_id": "functions.get_weather:1", "content": "Rainy"},
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": " Sunny "},
+            {"role": "assistant", "content": "Sunny in Paris, rainy in Rome."},
+        ],
+    }
+    row.update(over)
+    return row
+
+
+def test_tool_rows_keep_tools_and_record_the_results_after_the_prompt():
+    prompt = normalise_row(tool_row())
+    assert prompt["messages"] == [{"role": "user", "content": "Weather in Paris and Rome?"}]
+    assert prompt["tools"] == [TOOL]
+    # The results the tool loop answers with, named after their calls, in order, bytes kept.
+    assert prompt["tool_results"] == [
+        {"name": "get_weather", "content": "Rainy"},
+        {"name": "get_weather", "content": " Sunny "},
+    ]
+    # A finished loop in the history stays in the prompt, ids and argument strings byte for byte.
+    history = tool_row()["messages"] + [{"role": "user", "content": "And Oslo?"}]
+    prompt = normalise_row(tool_row(messages=history))
+    assert [m["role"] for m in prompt["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    assert prompt["messages"][1]["tool_calls"] == CALLS
+    assert prompt["messages"][1]["reasoning_content"] == "Two cities."
+    assert "tool_results" not in prompt
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        (lambda m: [m[0], m[1], m[2], m[4]], "call_without_result"),  # one parallel call unanswered
+        (lambda m: [m[0], {**m[2], "tool_call_id": "nope"}, m[4]], "tool_result_without_call"),
+        (
+            lambda m: [m[0], {**m[1], "tool_calls": [{"function": {"name": "x"}}]}, m[4]],
+            "malformed_tool_call",
+        ),
+        (lambda m: [m[0], {"role": "robot", "content": "x"}, m[4]], "unknown_role"),
+    ],
+)
+def test_tool_protocol_breaks_are_counted_by_reason_and_named(tmp_path, broken, reason):
+    rows = [tool_row(), tool_row(id="bad-1", messages=broken(tool_row()["messages"])), {"prompt": "fine"}]
+    src = write_jsonl(tmp_path / "a.jsonl", rows)
+    stats, train, _ = run(tmp_path, [{"name": "a", "type": "jsonl", "path": src}])
+    assert stats["dropped"][reason] == 1 and sum(stats["dropped"].values()) == 1
+    named = stats["sources"]["a"]["dropped_examples"][reason]
+    assert len(named) == 1 and named[0].startswith("row 2 (id 'bad-1')")
+    assert len(train) == 2 and stats["with_tools"]["train"] == 1
+
+
+def test_malformed_tools_are_counted():
+    with pytest.raises(Exception) as e:
+        normalise_row(tool_row(tools="{not json"))
+    assert getattr(e.value, "reason", None) == "malformed_tools"
+
+
+def test_modes_split_the_prompts_by_share_and_a_row_keeps_its_own(tmp_path):
+    rows = [{"prompt": f"q {i}?"} for i in range(400)] + [{"prompt": "mine", "mode": "instant"}]
+    rows.append({"prompt": "unknown", "mode": "turbo"})
+    src = write_jsonl(tmp_path / "a.jsonl", rows)
+    modes = [
+        {"name": "thinking", "share": 3},
+        {"name": "instant", "chat_template_kwargs": {"thinking": False}},
+    ]
+    out = tmp_path / "out"
+    stats = prepare_stage([{"name": "a", "type": "jsonl", "path": src}], 0, 0,
+                          out / "p.jsonl", out / "e.jsonl", out / "s.json", modes=modes)  # fmt: skip
+    train = read_jsonl(out / "p.jsonl")
+    by_mode = {m: sum(r["mode"] == m for r in train) for m in ("thinking", "instant")}
+    assert sum(by_mode.values()) == 401 and 0.65 < by_mode["thinking"] / 401 < 0.85  # 3:1
+    assert next(r for r in train if r["messages"][0]["content"] == "mine")["mode"] == "instant"
+    assert stats["dropped"]["unknown_mode"] == 1
+    assert stats["modes"]["train"] == by_mode
+    # A row's mode depends on its id alone: adding rows leaves the others' modes as they were.
+    src2 = write_jsonl(tmp_path / "b.jsonl", rows[:200])
+    prepare_stage([{"name": "a", "type": "jsonl", "path": src2}], 0, 0,
+                  out / "p2.jsonl", out / "e2.jsonl", out / "s2.json", modes=modes)  # fmt: skip
+    first = {r["id"]: r["mode"] for r in train}
+    assert all(first[r["id"]] == r["mode"] for r in read_jsonl(out / "p2.jsonl"))
+
+
+def test_bfcl_source_reads_the_training_part_with_tools(tmp_path):
+    from eaglenest.data import bfcl
+
+    stats, train, _ = run(
+        tmp_path, [{"name": "bfcl", "type": "bfcl", "categories": ["parallel"], "samples": 20}]
+    )
+    assert len(train) == 20 and all(r["tools"] and r["tools"][0]["type"] == "function" for r in train)
+    held_out = {bfcl.question_key(r["messages"]) for r in bfcl.read_entries(["parallel"], part="benchmark")}
+    assert not held_out & {bfcl.question_key(r["messages"]) for r in train}
+    with pytest.raises(EaglenestError, match="categories"):
+        run(tmp_path, [{"name": "bfcl", "type": "bfcl", "categories": ["nope"]}], out="o2")

@@ -23,6 +23,10 @@ and, by type:
 - ``bundled``: ``path`` (default ``default.jsonl``), a file under the repository's
   ``data/prompts/`` folder, found from the package's location so it works from any directory;
 - ``jsonl`` / ``parquet``: ``path`` (required), a local file (relative to the working directory);
+- ``bfcl``: the Berkeley Function Calling Leaderboard's single-turn tool-call prompts, with their
+  tools, from the ``bfcl-eval`` package (`eaglenest.data.bfcl`); optional ``categories``. Only
+  the training part is read: the part evaluation holds out as its tool-call benchmark never
+  trains;
 - ``hf``: ``dataset`` (required), given to ``datasets.load_dataset`` as is, so it is either a
   Hub name (``HuggingFaceH4/ultrachat_200k``) or a local folder or file that ``load_dataset``
   reads (a folder of jsonl/parquet files); optional ``subset`` (the config name), ``split``
@@ -42,21 +46,32 @@ Rows
 ----
 A row is read from the first of these fields that it has:
 
-- ``messages``: a list of ``{"role", "content"}`` with roles ``system``/``user``/``assistant``;
+- ``messages``: OpenAI chat messages, roles ``system``/``user``/``assistant``/``tool``: an
+  assistant turn may carry ``reasoning_content`` (or ``reasoning``/``thinking``) and
+  ``tool_calls`` (ids and argument strings kept byte for byte), a ``tool`` turn answers a call
+  by its ``tool_call_id``;
 - ``conversations``: ShareGPT, a list of ``{"from", "value"}``; ``human``/``user`` become
   ``user``, ``gpt``/``assistant``/``chatgpt``/``bing``/``bard`` become ``assistant``,
   ``system`` stays ``system``;
 - ``prompt``: a plain string, one user turn.
+
+A row may declare ``tools`` (a list of OpenAI tools, or its JSON string) and name its ``mode``
+(one of the config's ``modes``; a row without one gets a mode drawn by the modes' shares). The
+tool results recorded after the prompt (``{"name", "content"}`` in order) go with it: the tool
+loop of regeneration answers the target's calls with them.
 
 Roles are matched case-insensitively; contents are stripped of surrounding whitespace; an empty
 *system* turn is removed (many ShareGPT dumps carry one). The prompt is the conversation up to
 and including its last user turn: the assistant reply after it is what the target regenerates,
 earlier assistant turns stay as history.
 
-Dropped rows, by reason (all counted in the stats): ``malformed`` (no usable field, a turn that
-is not an object, a missing role/content, a non-string content), ``unknown_role``,
-``empty_conversation``, ``no_user_turn``, ``empty_content`` (an empty user/assistant turn in
-the prompt) and ``duplicate``. A line of bad JSON in a local JSONL file is not a dropped row
+Dropped rows, by reason (all counted in the stats, the first five of each named in
+``dropped_examples``): ``malformed`` (no usable field, a turn that is not an object, a missing
+role/content, a non-string content), ``unknown_role``, ``empty_conversation``, ``no_user_turn``,
+``empty_content`` (an empty user/assistant turn in the prompt), ``malformed_tools``,
+``malformed_tool_call`` (no id or function name), ``tool_result_without_call`` (a tool message
+answering no call of the assistant turn before it), ``call_without_result`` (a call never
+answered), ``unknown_mode`` and ``duplicate``. A line of bad JSON in a local JSONL file is not a dropped row
 but an error naming the file and line.
 
 Ids, dedupe, sampling, split
@@ -72,6 +87,7 @@ rows, chosen with a generator seeded by ``seed``, form the evaluation split.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
@@ -81,6 +97,8 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, iter_jsonl
+from eaglenest.data import bfcl
+from eaglenest.data.modes import assign_mode, checked_modes
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +106,14 @@ log = logging.getLogger(__name__)
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
 DEFAULT_BUNDLED = "default.jsonl"
 
-SOURCE_TYPES = ("bundled", "jsonl", "parquet", "hf")
+SOURCE_TYPES = ("bundled", "jsonl", "parquet", "hf", "bfcl")
 _COMMON_KEYS = {"name", "type", "samples"}
 _TYPE_KEYS = {
     "bundled": {"path"},
     "jsonl": {"path"},
     "parquet": {"path"},
     "hf": {"dataset", "subset", "split", "revision"},
+    "bfcl": {"categories"},
 }
 
 DROP_REASONS = (
@@ -103,10 +122,16 @@ DROP_REASONS = (
     "empty_conversation",
     "no_user_turn",
     "empty_content",
+    "malformed_tools",
+    "malformed_tool_call",
+    "tool_result_without_call",
+    "call_without_result",
+    "unknown_mode",
     "duplicate",
 )
+_EXAMPLES_PER_REASON = 5  # dropped rows named in prompts_stats.json, per reason
 
-_MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+_MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
@@ -117,6 +142,8 @@ _SHAREGPT_ROLES = {
     "bing": "assistant",
     "bard": "assistant",
 }
+# Where rows carry an assistant turn's reasoning; kept as `reasoning_content`.
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
 class UnusableRow(Exception):
@@ -131,33 +158,132 @@ class UnusableRow(Exception):
 # Rows
 
 
-def _turns(turns, role_key: str, content_key: str, role_map: dict) -> list[dict]:
+def _as_list(turns, what: str) -> list:
     if turns is None or isinstance(turns, (str, bytes, dict)):
-        raise UnusableRow("malformed", "conversation is not a list")
+        raise UnusableRow("malformed", f"{what} is not a list")
     try:
-        turns = list(turns)
+        return list(turns)
     except TypeError:
-        raise UnusableRow("malformed", "conversation is not a list") from None
+        raise UnusableRow("malformed", f"{what} is not a list") from None
+
+
+def _tool_calls(calls) -> list[dict]:
+    """An assistant turn's calls as OpenAI tool calls; ids and argument strings byte for byte
+    (arguments given as an object are written as JSON)."""
+    out = []
+    for call in _as_list(calls, "tool_calls"):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(call.get("id"), str) or not call["id"]:
+            raise UnusableRow("malformed_tool_call", "a tool call needs an 'id' and a 'function'")
+        name, arguments = function.get("name"), function.get("arguments", "{}")
+        if not isinstance(name, str) or not name:
+            raise UnusableRow("malformed_tool_call", "a tool call's function has no name")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if not isinstance(arguments, str):
+            raise UnusableRow("malformed_tool_call", f"tool call {call['id']!r}: arguments are not a string")
+        out.append({"id": call["id"], "type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
+
+
+def _message(turn: dict, role: str) -> dict:
+    """One OpenAI message, normalised: text stripped (tool results kept as they are), reasoning
+    under `reasoning_content`, calls and results with their ids."""
+    content = turn.get("content")
+    if role == "assistant" and content is None and turn.get("tool_calls"):
+        content = ""
+    if role == "tool" and isinstance(content, (dict, list)):  # a structured result, as JSON
+        content = json.dumps(content, ensure_ascii=False)
+    if not isinstance(content, str):
+        raise UnusableRow("malformed", "a turn has no string 'content'")
+    message = {"role": role, "content": content if role == "tool" else content.strip()}
+    if role == "assistant":
+        reasoning = next(
+            (turn[f] for f in _REASONING_FIELDS if isinstance(turn.get(f), str) and turn[f]), None
+        )
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        if turn.get("tool_calls"):
+            message["tool_calls"] = _tool_calls(turn["tool_calls"])
+    elif role == "tool":
+        call_id = turn.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise UnusableRow("tool_result_without_call", "a tool message has no 'tool_call_id'")
+        message["tool_call_id"] = call_id
+        if isinstance(turn.get("name"), str):
+            message["name"] = turn["name"]
+    return message
+
+
+def _turns(turns, role_key: str, content_key: str, role_map: dict) -> list[dict]:
+    turns = _as_list(turns, "conversation")
     if not turns:
         raise UnusableRow("empty_conversation")
     out = []
     for turn in turns:
         if not isinstance(turn, dict):
             raise UnusableRow("malformed", "a turn is not an object")
-        role, content = turn.get(role_key), turn.get(content_key)
+        role = turn.get(role_key)
         if not isinstance(role, str):
             raise UnusableRow("malformed", f"a turn has no string '{role_key}'")
-        if not isinstance(content, str):
-            raise UnusableRow("malformed", f"a turn has no string '{content_key}'")
         mapped = role_map.get(role.strip().lower())
         if mapped is None:
             raise UnusableRow("unknown_role", f"unknown role {role!r}")
-        out.append({"role": mapped, "content": content.strip()})
+        if content_key != "content":
+            turn = {"content": turn.get(content_key)}
+        out.append(_message(turn, mapped))
     return out
 
 
-def normalise_row(row: dict) -> list[dict]:
-    """The prompt messages of one source row; raises `UnusableRow` when the row is unusable."""
+def _check_tool_protocol(turns: list[dict]) -> list[str | None]:
+    """Every tool result answers a call of the assistant turn before it; every call is answered
+    before the conversation goes on or ends. Returns the function name each turn answers (None
+    for other turns)."""
+    pending: dict[str, str] = {}  # call id -> function name, of the last assistant turn
+    answers: list[str | None] = []
+    for turn in turns:
+        if turn["role"] == "tool":
+            name = pending.pop(turn["tool_call_id"], None)
+            if name is None:
+                raise UnusableRow("tool_result_without_call", f"no call {turn['tool_call_id']!r} to answer")
+            answers.append(name)
+            continue
+        answers.append(None)
+        if pending:
+            raise UnusableRow("call_without_result", f"call {next(iter(pending))!r} has no result")
+        pending = {c["id"]: c["function"]["name"] for c in turn.get("tool_calls", ())}
+    if pending:
+        raise UnusableRow("call_without_result", f"call {next(iter(pending))!r} has no result")
+    return answers
+
+
+def _tools(tools) -> list[dict]:
+    """A row's tool declarations: a list (or its JSON string) of OpenAI tools."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise UnusableRow("malformed_tools", f"'tools' is not JSON: {e}") from None
+    if not isinstance(tools, list) or not tools:
+        raise UnusableRow("malformed_tools", "'tools' is not a non-empty list")
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not function.get("name")
+        ):
+            raise UnusableRow(
+                "malformed_tools", "a tool is not {'type': 'function', 'function': {'name', ...}}"
+            )
+    return tools
+
+
+def normalise_row(row: dict, modes: tuple[str, ...] | None = None) -> dict:
+    """The prompt of one source row: ``{"messages"}``, plus ``"tools"`` (the declarations),
+    ``"tool_results"`` (the results recorded after the prompt, ``{"name", "content"}`` in order,
+    for the tool loop of regeneration) and ``"mode"`` where the row has them. Raises
+    `UnusableRow` when the row is unusable; a ``mode`` outside `modes` is one."""
     if not isinstance(row, dict):
         raise UnusableRow("malformed", "row is not an object")
     if row.get("messages") is not None:
@@ -172,18 +298,34 @@ def normalise_row(row: dict) -> list[dict]:
         raise UnusableRow("malformed", "no 'messages', 'conversations' or 'prompt' field")
 
     turns = [t for t in turns if not (t["role"] == "system" and not t["content"])]
+    answers = _check_tool_protocol(turns)
     last_user = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=None)
     if last_user is None:
         raise UnusableRow("no_user_turn")
-    turns = turns[: last_user + 1]
-    if any(not t["content"] for t in turns):
+    prompt = {"messages": turns[: last_user + 1]}
+    if any(not t["content"] and not t.get("tool_calls") for t in prompt["messages"] if t["role"] != "tool"):
         raise UnusableRow("empty_content")
-    return turns
+    if row.get("tools") is not None:
+        prompt["tools"] = _tools(row["tools"])
+    results = [
+        {"name": answers[k], "content": t["content"]}
+        for k, t in enumerate(turns)
+        if k > last_user and t["role"] == "tool"
+    ]
+    if results:
+        prompt["tool_results"] = results
+    if row.get("mode") is not None:
+        if modes is not None and row["mode"] not in modes:
+            raise UnusableRow("unknown_mode", f"mode {row['mode']!r} is not configured")
+        prompt["mode"] = row["mode"]
+    return prompt
 
 
-def prompt_id(messages: list[dict]) -> str:
-    """Stable id: sha256 of the messages' canonical JSON, first 16 hex digits."""
-    canon = json.dumps(messages, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def prompt_id(messages: list[dict], tools: list[dict] | None = None) -> str:
+    """Stable id: sha256 of the messages' canonical JSON (with the tools, where declared), first
+    16 hex digits."""
+    what = messages if tools is None else {"messages": messages, "tools": tools}
+    canon = json.dumps(what, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
 
@@ -224,6 +366,16 @@ def _check_source(i: int, src) -> dict:
         for key in ("subset", "split", "revision"):
             if src.get(key) is not None and not isinstance(src[key], str):
                 raise EaglenestError(f"{where}: '{key}' must be a string")
+    if kind == "bfcl":
+        categories = src.get("categories", list(bfcl.CATEGORIES))
+        unknown = (
+            [c for c in categories if c not in bfcl.CATEGORIES] if isinstance(categories, list) else True
+        )
+        if unknown or not categories:
+            raise EaglenestError(
+                f"{where}: 'categories' must be a non-empty list of {', '.join(bfcl.CATEGORIES)}"
+                + (f" (unknown: {', '.join(map(str, unknown))})" if isinstance(unknown, list) else "")
+            )
     return src
 
 
@@ -264,6 +416,9 @@ def read_source(src: dict) -> tuple[Iterable[dict], str | None]:
     kind = src["type"]
     if kind == "hf":
         return _read_hf(src), None
+    if kind == "bfcl":  # never the part evaluation holds out as its tool-call benchmark
+        categories = src.get("categories", list(bfcl.CATEGORIES))
+        return bfcl.read_entries(categories, part="train"), str(bfcl.category_file(categories[0]).parent)
     path = _bundled_path(src) if kind == "bundled" else Path(src["path"]).expanduser()
     if not path.exists():
         raise EaglenestError(f"source '{src['name']}': file does not exist", path)
@@ -295,31 +450,40 @@ def _checked_sources(sources) -> list[dict]:
     return checked
 
 
-def _usable_rows(raw, name: str, seen: set[str]) -> tuple[list[dict], dict, int]:
+def _usable_rows(raw, name: str, seen: set[str], modes: list[dict], seed: int):
     """A source's rows normalised, less the unusable and those `seen` already (which it extends):
-    (usable rows, drops by reason, rows read)."""
+    (usable rows, drops by reason, up to five dropped rows named per reason, rows read)."""
     drops = dict.fromkeys(DROP_REASONS, 0)
+    examples: dict[str, list[str]] = {}
+    names = tuple(m["name"] for m in modes)
     usable: list[dict] = []
     n_in = 0
     for row in raw:
         n_in += 1
         try:
-            messages = normalise_row(row)
+            prompt = normalise_row(row, names)
         except UnusableRow as d:
             drops[d.reason] += 1
+            named = examples.setdefault(d.reason, [])
+            if len(named) < _EXAMPLES_PER_REASON:
+                rid = row.get("id") if isinstance(row, dict) else None
+                named.append(f"row {n_in}" + (f" (id {rid!r})" if rid is not None else "") + f": {d}")
             continue
-        pid = prompt_id(messages)
+        pid = prompt_id(prompt["messages"], prompt.get("tools"))
         if pid in seen:
             drops["duplicate"] += 1
             continue
         seen.add(pid)
-        usable.append({"id": pid, "source": name, "messages": messages})
-    return usable, drops, n_in
+        mode = prompt.pop("mode", None) or assign_mode(pid, modes, seed)
+        usable.append({"id": pid, "source": name, "mode": mode, **prompt})
+    return usable, drops, examples, n_in
 
 
-def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
-    """Read, normalise, dedupe and sample all sources; return (rows, per-source stats, drops)."""
+def collect(sources: list[dict], seed: int, modes=None) -> tuple[list[dict], dict, dict]:
+    """Read, normalise, dedupe and sample all sources; return (rows, per-source stats, drops).
+    Each row gets its own `mode` or one drawn by the modes' shares."""
     checked = _checked_sources(sources)
+    modes = checked_modes(modes)
 
     seen: set[str] = set()
     total_drops = dict.fromkeys(DROP_REASONS, 0)
@@ -328,7 +492,7 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
     for src in checked:
         name = src["name"]
         raw, path = read_source(src)
-        usable, drops, n_in = _usable_rows(raw, name, seen)
+        usable, drops, examples, n_in = _usable_rows(raw, name, seen, modes, seed)
         if not usable:
             why = ", ".join(f"{k}={v}" for k, v in drops.items() if v) or "it has no rows"
             raise EaglenestError(
@@ -342,10 +506,13 @@ def collect(sources: list[dict], seed: int) -> tuple[list[dict], dict, dict]:
             "path": path,
             "rows_in": n_in,
             "dropped": drops,
+            "dropped_examples": examples,
             "usable": len(usable),
             "requested": requested,
             "kept": len(picked),
             "short": short,
+            "with_tools": sum("tools" in r for r in picked),
+            "modes": {m["name"]: sum(r["mode"] == m["name"] for r in picked) for m in modes},
         }
         for k, v in drops.items():
             total_drops[k] += v
@@ -378,12 +545,12 @@ def split_eval(rows: list[dict], eval_samples: int, seed: int) -> tuple[list[dic
 
 
 def prepare_stage(
-    sources: list[dict], eval_samples: int, seed: int, train_path, eval_path, stats_path
+    sources: list[dict], eval_samples: int, seed: int, train_path, eval_path, stats_path, modes=None
 ) -> dict:
     """Run the stage: write train/eval prompts and their stats; return the stats."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise EaglenestError(f"prompts: 'seed' must be an integer, got {seed!r}")
-    rows, per_source, drops = collect(sources, seed)
+    rows, per_source, drops = collect(sources, seed, modes)
     train, evals = split_eval(rows, eval_samples, seed)
     stats = {
         "seed": seed,
@@ -393,6 +560,11 @@ def prepare_stage(
         "train": len(train),
         "eval": len(evals),
         "dropped": drops,
+        "modes": {
+            part: dict(collections.Counter(r["mode"] for r in part_rows))
+            for part, part_rows in (("train", train), ("eval", evals))
+        },
+        "with_tools": {"train": sum("tools" in r for r in train), "eval": sum("tools" in r for r in evals)},
         "sources": per_source,
     }
     # Nested: every file is complete under its temporary name before any is renamed into place.
