@@ -145,8 +145,8 @@ def main() -> None:
                     stop_pid(server.pid)
                 assert counts["failed"] == 0, counts
                 rows = [json.loads(line) for line in out.read_text().splitlines()]
-                tokens = sum(len(r["completion_token_ids"]) for r in rows)
-                answers.setdefault(name, [r["completion_token_ids"] for r in rows])
+                tokens = sum(len(g["completion_token_ids"]) for r in rows for g in r["generations"])
+                answers.setdefault(name, [r["generations"][-1]["completion_token_ids"] for r in rows])
                 starts[name].append(started)
                 rates[name].append(tokens / seconds)
                 rounds.append([k + 1, SHORT[name], round(started, 1), tokens, round(seconds, 1),

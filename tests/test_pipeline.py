@@ -397,7 +397,7 @@ def test_the_report_states_each_gpu_stages_tokens_per_s_and_the_gpu_busy_share(d
     ]
     assert table.loc["extract_hidden_states", "tokens"] == plan["tokens"]
     assert table.loc["regenerate_responses", "tokens"] == sum(
-        len(r["completion_token_ids"]) for r in responses
+        len(g["completion_token_ids"]) for r in responses for g in r["generations"]
     )
     for stage in GPU_RULES:
         row = table.loc[stage]

@@ -18,19 +18,21 @@ import hashlib
 import json
 import logging
 import random
+import re
 import time
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import iter_jsonl, room_for, write_jsonl
+from eaglenest.data.modes import DEFAULT_MODE, DEFAULT_MODES, check_folder_switches, checked_modes
 from eaglenest.engine.server import SERVED_NAME, Server, ServerSpec, StallWatch, serving
-from eaglenest.pipeline.workflow import with_reasoning_parser
+from eaglenest.pipeline.workflow import with_parsers
 
 log = logging.getLogger(__name__)
 
 
 # Bump when the record format changes, so a rerun does not resume from old-format answers.
-RECORD_FORMAT = 4
+RECORD_FORMAT = 5
 
 
 def target_fingerprint(target: str) -> str:
@@ -43,13 +45,25 @@ def target_fingerprint(target: str) -> str:
     )
 
 
-def progress_path(run_dir, model: str, sampling: dict, target: str) -> Path:
-    spec = json.dumps(
-        {"model": model, "sampling": sampling, "format": RECORD_FORMAT, "target": target_fingerprint(target)},
-        sort_keys=True,
-    )
+def progress_path(run_dir, model: str, sampling: dict, target: str, loop: dict | None = None) -> Path:
+    """The progress file of one regeneration: keyed by everything that decides its answers (the
+    modes and the tool loop's settings where they are not the defaults)."""
+    spec = {
+        "model": model,
+        "sampling": sampling,
+        "format": RECORD_FORMAT,
+        "target": target_fingerprint(target),
+    }
+    if loop:
+        spec["loop"] = loop
+    spec = json.dumps(spec, sort_keys=True)
     key = hashlib.sha256(spec.encode()).hexdigest()[:12]
     return Path(run_dir) / ".eaglenest" / "regenerate" / f"progress-{key}.jsonl"
+
+
+def _answered_mode(record: dict) -> str:
+    responses = record.get("responses") or [{}]
+    return responses[0].get("mode") or DEFAULT_MODE
 
 
 def load_progress(path: Path) -> dict[str, dict]:
@@ -65,7 +79,7 @@ def load_progress(path: Path) -> dict[str, dict]:
             f.truncate(data.rfind(b"\n") + 1)
     for row in _progress_records(path):
         if "error" not in row:
-            done[row["id"]] = row
+            done[row["id"]] = row  # the last answer of an id wins
     return done
 
 
@@ -130,61 +144,190 @@ async def _chat(session, url: str, body: dict) -> dict:
         return await res.json()
 
 
-async def _answer(
-    session, url: str, prompt: dict, sampling: dict, max_retries: int, watch: StallWatch
-) -> dict:
+async def _post(session, url: str, body: dict, pid: str, max_retries: int, watch: StallWatch) -> dict:
+    """One chat request, retried with backoff where a retry may help; raises the last failure."""
     import aiohttp
 
-    # Token ids too: tokenization trains on exactly what the target saw and emitted. And the
-    # text exactly as emitted: vLLM's default puts spaces around added tokens (Kimi's <think>)
-    # when decoding a slow tokenizer's output, text the model never wrote and that would
-    # re-tokenize differently.
-    body = {
-        "model": SERVED_NAME,
-        "messages": prompt["messages"],
-        "return_token_ids": True,
-        "spaces_between_special_tokens": False,
-        **sampling,
-    }
     delay = 1.0
     for attempt in range(max_retries + 1):
         try:
             res = await _chat(session, url, body)
-            prompt_ids = res.get("prompt_token_ids")
-            responses = []
-            for choice in res["choices"]:
-                message = choice["message"]
-                reasoning = message.get("reasoning_content") or message.get("reasoning")
-                reply = {"role": "assistant", "content": message.get("content") or ""}
-                if reasoning:
-                    reply["reasoning_content"] = reasoning
-                responses.append(
-                    {
-                        "messages": [*prompt["messages"], reply],
-                        "finish_reason": choice.get("finish_reason"),
-                        "prompt_token_ids": prompt_ids,
-                        "completion_token_ids": choice.get("token_ids"),
-                    }
-                )
             watch.answered()
-            return {"id": prompt["id"], "responses": responses}
+            return res
         except (aiohttp.ClientError, asyncio.TimeoutError, RequestFailed) as e:
             watch.check(e)  # a dead or hung server is not worth retrying
             if attempt == max_retries or (isinstance(e, RequestFailed) and not e.retryable):
-                return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
+                raise
             log.warning(
                 "prompt %s: attempt %d failed (%s: %s); retrying in %.0f s",
-                prompt["id"], attempt + 1, type(e).__name__, e, delay,
+                pid, attempt + 1, type(e).__name__, e, delay,
             )  # fmt: skip
             await asyncio.sleep(delay * (1 + random.random() * 0.1))
             delay = min(delay * 2, 60)
     raise AssertionError("unreachable")
 
 
+# The tokens that open tool calls in the templates eaglenest knows: Kimi's, Qwen's and Hermes',
+# DeepSeek's, Mistral's, Llama's python tag and gpt-oss's recipient. In an answer's text they mean
+# that no parser turned its calls into tool_calls.
+TOOL_CALL_MARKERS = (
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "<tool_call>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "[TOOL_CALLS]",
+    "<|python_tag|>",
+    "to=functions.",
+)
+TOOL_MARKUP = re.compile("|".join(re.escape(m) for m in TOOL_CALL_MARKERS))
+
+DEFAULT_TOOL_ROUNDS = 4
+# Why a tool loop stopped before the target answered without calling a tool.
+CUT_REASONS = ("rounds_cap", "no_matching_result", "name_mismatch")
+
+
+def request_message(message: dict) -> dict:
+    """A message as a correct client sends it back to vLLM: the reasoning under `reasoning` (the
+    field vLLM's server reads and hands the template as `reasoning_content` too; a
+    `reasoning_content` alone is dropped), the calls with their ids and exact arguments."""
+    out = {k: v for k, v in message.items() if k != "reasoning_content"}
+    if message.get("reasoning_content"):
+        out["reasoning"] = message["reasoning_content"]
+    return out
+
+
+def _reply(message: dict) -> dict:
+    """The assistant message recorded from a response message."""
+    reply = {"role": "assistant", "content": message.get("content") or ""}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        reply["reasoning_content"] = reasoning
+    calls = message.get("tool_calls") or []
+    if calls:
+        reply["tool_calls"] = [
+            {
+                "id": c.get("id"),
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": c["function"].get("arguments") or "",
+                },
+            }
+            for c in calls
+        ]
+    return reply
+
+
+def _results_for(calls: list[dict], recorded: dict[str, list[str]]) -> tuple[list[dict], str | None]:
+    """The tool messages answering `calls` from the row's recorded results (taken by name, in
+    order, so parallel calls get theirs), or the reason the loop stops there."""
+    out = []
+    for call in calls:
+        name = call["function"]["name"]
+        if name not in recorded:
+            return out, "name_mismatch"
+        if not recorded[name]:
+            return out, "no_matching_result"
+        out.append(
+            # No `name`: an OpenAI client sends the call's id only (Kimi's template would label the
+            # result with a name, where the served model meets none).
+            {"role": "tool", "tool_call_id": call["id"], "content": recorded[name].pop(0)}
+        )
+    return out, None
+
+
+class RawToolMarkup(EaglenestError):
+    """A tools row answered with tool-call markup in its text: the server parses no tool calls."""
+
+
+async def _loop(
+    post, body: dict, prompt: dict, first: dict, choice: dict, max_rounds: int, parser: str | None
+):
+    """Continue one sampled answer through its tool loop: every generation's served ids, the
+    conversation as it went, and why it was cut (None: the target answered without a call)."""
+    messages = list(prompt["messages"])
+    recorded: dict[str, list[str]] = {}
+    for result in prompt.get("tool_results", ()):
+        recorded.setdefault(result["name"], []).append(result["content"])
+    res, generations, cut = first, [], None
+    for round_ in range(max_rounds):
+        if round_:
+            res = await post({**body, "n": 1, "messages": [request_message(m) for m in messages]})
+            choice = res["choices"][0]
+        reply = _reply(choice["message"])
+        if "tools" in prompt and parser is None and TOOL_MARKUP.search(reply["content"]):
+            raise RawToolMarkup(
+                f"prompt {prompt['id']}: the target answered a tools row with tool-call markup in its "
+                "text, which no parser turns into tool calls: set target.tool_call_parser to the "
+                "vLLM --tool-call-parser of this model (e.g. kimi_k2, hermes, qwen3_xml, deepseek_v31)"
+            )
+        generations.append(
+            {
+                "messages_before": len(messages),
+                "prompt_token_ids": res.get("prompt_token_ids"),
+                "completion_token_ids": choice.get("token_ids"),
+                "finish_reason": choice.get("finish_reason"),
+            }
+        )
+        messages.append(reply)
+        if not reply.get("tool_calls"):
+            break
+        if round_ == max_rounds - 1:  # no generation left to answer the results
+            cut = "rounds_cap"
+            break
+        results, cut = _results_for(reply["tool_calls"], recorded)
+        if cut:
+            break
+        messages += results
+    return {"messages": messages, "generations": generations, "cut": cut}
+
+
+async def _answer(session, url: str, prompt: dict, ask: dict, max_retries: int, watch: StallWatch) -> dict:
+    import aiohttp
+
+    # Token ids too: tokenization trains on exactly what the target saw and emitted. And the
+    # text exactly as emitted: vLLM's default puts spaces around added tokens (Kimi's <think>)
+    # when decoding a slow tokenizer's output, text the model never wrote and that would
+    # re-tokenize differently.
+    mode = ask["modes"][prompt["mode"]]
+    body = {
+        "model": SERVED_NAME,
+        "messages": [request_message(m) for m in prompt["messages"]],
+        "return_token_ids": True,
+        "spaces_between_special_tokens": False,
+        **ask["sampling"],
+        **mode["sampling"],
+    }
+    if mode["chat_template_kwargs"]:  # top level: vLLM reads it there, not in extra_body
+        body["chat_template_kwargs"] = mode["chat_template_kwargs"]
+    if "tools" in prompt:
+        body["tools"] = prompt["tools"]
+        body["tool_choice"] = "auto" if ask["tool_call_parser"] else "none"
+
+    async def post(b):
+        return await _post(session, url, b, prompt["id"], max_retries, watch)
+
+    try:
+        first = await post(body)
+        responses = []
+        for choice in first["choices"]:
+            loop = await _loop(post, body, prompt, first, choice, ask["max_rounds"], ask["tool_call_parser"])
+            row = {**loop, "mode": prompt["mode"], "finish_reason": loop["generations"][-1]["finish_reason"]}
+            if mode["chat_template_kwargs"]:
+                row["chat_template_kwargs"] = mode["chat_template_kwargs"]
+            if "tools" in prompt:
+                row["tools"] = prompt["tools"]
+            responses.append(row)
+        return {"id": prompt["id"], "responses": responses}
+    except (aiohttp.ClientError, asyncio.TimeoutError, RequestFailed) as e:
+        return {"id": prompt["id"], "error": f"{type(e).__name__}: {e}"}
+
+
 async def _regenerate(
     server: Server,
     todo: list[dict],
-    sampling: dict,
+    ask: dict,
     concurrency: int,
     max_retries: int,
     timeout_s: float,
@@ -205,7 +348,7 @@ async def _regenerate(
 
     async def one(prompt):
         async with sem:
-            return await _answer(session, url, prompt, sampling, max_retries, watch)
+            return await _answer(session, url, prompt, ask, max_retries, watch)
 
     async with session:
         tasks = [asyncio.ensure_future(one(p)) for p in todo]
@@ -223,6 +366,17 @@ async def _regenerate(
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def row_generations(row: dict) -> list[dict]:
+    """A response row's generations (one per request of its tool loop), each with the token ids
+    the server fed (`prompt_token_ids`) and the model emitted (`completion_token_ids`); rows
+    written before tool loops carry one generation's ids at the top level."""
+    if "generations" in row:
+        return row["generations"]
+    if row.get("completion_token_ids") is not None:
+        return [{k: row.get(k) for k in ("prompt_token_ids", "completion_token_ids", "finish_reason")}]
+    return []
+
+
 def response_rows(record: dict) -> list[dict]:
     """One `raw_responses.jsonl` row per sampled response (`n` of them per prompt)."""
     pid = record["id"]
@@ -235,6 +389,40 @@ def response_rows(record: dict) -> list[dict]:
     ]
 
 
+def _ask(sampling: dict, modes, tool_call_parser: str | None, max_tool_rounds: int) -> dict:
+    modes = checked_modes(modes)
+    return {
+        "sampling": sampling,
+        "modes": {m["name"]: m for m in modes},
+        "tool_call_parser": tool_call_parser,
+        "max_rounds": max_tool_rounds,
+    }
+
+
+def _loop_key(ask: dict) -> dict | None:
+    """What the progress key adds to the sampling: nothing for the defaults (one plain mode, no
+    tool parser), so a run's progress outlives this code's older versions where they agree.
+    Shares decide which prompt gets which mode (prepare_prompts), never an answer: left out."""
+    modes = [{k: v for k, v in m.items() if k != "share"} for m in ask["modes"].values()]
+    plain = modes == [{k: v for k, v in DEFAULT_MODES[0].items() if k != "share"}]
+    if plain and ask["tool_call_parser"] is None and ask["max_rounds"] == DEFAULT_TOOL_ROUNDS:
+        return None
+    return {"modes": modes, "parser": ask["tool_call_parser"], "rounds": ask["max_rounds"]}
+
+
+def _with_modes(prompts: list[dict], modes: dict, path) -> list[dict]:
+    """The prompts, each with its mode (prompts written before modes existed get the default)."""
+    out = []
+    for p in prompts:
+        mode = p.get("mode") or DEFAULT_MODE
+        if mode not in modes:
+            raise EaglenestError(
+                f"prompt {p['id']}: mode {mode!r} is not configured (modes: {', '.join(modes)})", path
+            )
+        out.append({**p, "mode": mode})
+    return out
+
+
 def regenerate_responses(
     server: Server,
     prompts_path,
@@ -243,18 +431,24 @@ def regenerate_responses(
     *,
     target: str,
     sampling: dict,
+    modes=None,
+    tool_call_parser: str | None = None,
+    max_tool_rounds: int = DEFAULT_TOOL_ROUNDS,
     concurrency: int = 8,
     max_retries: int = 3,
     request_timeout_s: float = 600.0,
     stall_timeout_s: float = 1800.0,
 ) -> dict:
-    """Answer every prompt in `prompts_path` through `server` (serving `target`); write
+    """Answer every prompt in `prompts_path` through `server` (serving `target`), each in its
+    mode, tools rows through their tool loop (`max_tool_rounds` generations at most); write
     `out_path`. Returns counts."""
-    prompts = list(iter_jsonl(prompts_path))
-    pfile = progress_path(run_dir, server.key, sampling, target)
+    ask = _ask(sampling, modes, tool_call_parser, max_tool_rounds)
+    prompts = _with_modes(list(iter_jsonl(prompts_path)), ask["modes"], prompts_path)
+    pfile = progress_path(run_dir, server.key, sampling, target, _loop_key(ask))
     pfile.parent.mkdir(parents=True, exist_ok=True)
     done = load_progress(pfile)
-    todo = [p for p in prompts if p["id"] not in done]
+    # A prompt answered in another mode (its mode's share changed) is asked again.
+    todo = [p for p in prompts if p["id"] not in done or _answered_mode(done[p["id"]]) != p["mode"]]
     log.info(
         "%d prompts, %d already answered in %s, %d to send",
         len(prompts),
@@ -269,7 +463,7 @@ def regenerate_responses(
                 _regenerate(
                     server,
                     todo,
-                    sampling,
+                    ask,
                     concurrency,
                     max_retries,
                     request_timeout_s,
@@ -277,24 +471,35 @@ def regenerate_responses(
                     stall_timeout_s,
                 )
             )
-        # The last record of an id wins: an error followed by a later success is a success.
+        # The last success of an id wins (an error followed by a success is a success; an answer
+        # in the prompt's mode replaces one in another); an error counts only where none succeeded.
         final: dict[str, dict] = {}
         for row in _progress_records(pfile):
-            if row["id"] not in final or "error" in final[row["id"]]:
+            if "error" not in row or row["id"] not in final or "error" in final[row["id"]]:
                 final[row["id"]] = row
         check_failures(prompts, final, pfile)
         write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
-    failed = sum("error" in final[p["id"]] for p in prompts)
-    counts = {
-        "prompts": len(prompts),
-        "sent": len(todo),
-        "resumed": len(prompts) - len(todo),
-        "answered": len(prompts) - failed,
-        "failed": failed,
-        "responses": sum(len(final[p["id"]].get("responses", ())) for p in prompts),
-    }
+    counts = regeneration_counts(prompts, final, len(todo))
     log.info("regeneration done: %s", counts)
     return counts
+
+
+def regeneration_counts(prompts: list[dict], final: dict[str, dict], sent: int) -> dict:
+    """What regeneration did: prompts, responses and generations, and every tool loop cut short,
+    by reason."""
+    responses = [r for p in prompts for r in final[p["id"]].get("responses", ())]
+    failed = sum("error" in final[p["id"]] for p in prompts)
+    return {
+        "prompts": len(prompts),
+        "sent": sent,
+        "resumed": len(prompts) - sent,
+        "answered": len(prompts) - failed,
+        "failed": failed,
+        "responses": len(responses),
+        "generations": sum(len(r["generations"]) for r in responses),
+        "tool_loops": sum("tools" in r for r in responses),
+        "cut": {reason: sum(r.get("cut") == reason for r in responses) for reason in CUT_REASONS},
+    }
 
 
 def check_failures(prompts: list[dict], final: dict[str, dict], progress_file) -> None:
@@ -316,18 +521,22 @@ def regenerate_stage(
     target: str,
     server_cfg: dict,
     reasoning_parser,
+    tool_call_parser,
     prompts_path,
     out_path,
     sampling: dict,
+    modes,
+    max_tool_rounds: int,
     concurrency: int,
     max_retries: int,
     request_timeout_s: float,
 ) -> dict:
     """The `regenerate_responses` rule: lease the target's server, answer every prompt."""
+    check_folder_switches(modes, target, f"the target ({target})")  # before the server starts
 
     spec = ServerSpec(
         model=target,
-        args=with_reasoning_parser(tuple(server_cfg["base_args"]), reasoning_parser),
+        args=with_parsers(tuple(server_cfg["base_args"]), reasoning_parser, tool_call_parser),
         env=tuple(sorted(server_cfg["env"].items())),
     )
     with serving(
@@ -339,6 +548,9 @@ def regenerate_stage(
             out_path,
             run_dir,
             sampling=sampling,
+            modes=modes,
+            tool_call_parser=tool_call_parser,
+            max_tool_rounds=max_tool_rounds,
             concurrency=concurrency,
             max_retries=max_retries,
             request_timeout_s=request_timeout_s,

@@ -73,5 +73,11 @@ def vllm_env(vcfg: dict) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in (vcfg.get("env") or {}).items()))
 
 
-def with_reasoning_parser(args: tuple[str, ...], parser: str | None) -> tuple[str, ...]:
-    return (*args, "--reasoning-parser", parser) if parser else args
+def with_parsers(args: tuple[str, ...], reasoning_parser: str | None, tool_call_parser: str | None = None):
+    """The server's arguments with vLLM's reasoning and tool-call parsers, where configured (a
+    tool parser answers `tool_choice: auto`, so it comes with --enable-auto-tool-choice)."""
+    if reasoning_parser:
+        args = (*args, "--reasoning-parser", reasoning_parser)
+    if tool_call_parser:
+        args = (*args, "--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser)
+    return args

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from eaglenest.core.io import atomic_path, iter_jsonl, read_json
+from eaglenest.data.regenerate import row_generations
 from eaglenest.pipeline.job_events import EVENTS_ENV, gpu_busy_seconds, read_events
 
 
@@ -31,7 +32,9 @@ def gpu_stage_tokens(*, responses_path, plan, metrics, acceptance, metadata) -> 
     tokens, extraction's prefill tokens (offline), training's tokens times the epochs its job
     ran, evaluation's output tokens over its methods."""
 
-    generated = sum(len(r.get("completion_token_ids") or ()) for r in iter_jsonl(responses_path))
+    generated = sum(
+        len(g["completion_token_ids"] or ()) for r in iter_jsonl(responses_path) for g in row_generations(r)
+    )
     resumed = metrics.get("resumed_from_epoch")
     epochs_run = metrics["epochs"] - (resumed + 1 if resumed is not None else 0)
     methods = [m for m in ("no_spec", "ngram", "untrained_draft", "draft") if m in acceptance]
