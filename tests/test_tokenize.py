@@ -21,6 +21,7 @@ from eaglenest.data.chat_turns import ChatTurns
 from eaglenest.data.tokenize import (
     assistant_mask,
     chat_template_hash,
+    Renderers,
     encode_rows,
     prepare_messages,
     tokenize_stage,
@@ -243,7 +244,7 @@ def encode(tok, convs, **kw):
         for k, c in enumerate(convs)
         for r in training_rows(str(k), prepare_messages({"id": str(k), "messages": c}), None, "all")
     ]
-    return encode_rows(ChatTurns(tok), rows, **kw)
+    return encode_rows(Renderers(tok), rows, **kw)
 
 
 def test_turn_the_template_does_not_write_is_counted_unmasked(tmp_path, make_target):
@@ -412,9 +413,9 @@ BAD_ROWS = {
     "malformed": (['{"id": "a", "messages": []', ], "line 1: malformed JSON"),
     "empty": ([{"id": "e", "messages": []}], "id 'e'): empty conversation"),
     "no_assistant": ([{"id": "n", "messages": [SYSTEM, USER]}], "id 'n'): no assistant turn"),
-    "unknown_role": ([{"id": "r", "messages": [{"role": "tool", "content": "x"},
+    "unknown_role": ([{"id": "r", "messages": [{"role": "developer", "content": "x"},
                                                {"role": "assistant", "content": "y"}]}],
-                     "id 'r'): message 0 has unknown role 'tool'"),
+                     "id 'r'): message 0 has unknown role 'developer'"),
     "assistant_not_last": ([{"id": "l", "messages": [USER, {"role": "assistant", "content": "y"}, USER]}],
                            "id 'l'): the last message must be the assistant response"),
     "neither": ([{"id": "x"}], "id 'x'): has neither 'messages' nor 'error'"),

@@ -36,6 +36,7 @@ remainder (an empty think block, a blank line) is left by a half-cut reasoning e
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -64,11 +65,33 @@ class OpensWithAssistant(TemplateMismatch):
     generation prompt of a turn that has no user turn before it."""
 
 
+# What a supervised token is: part of the reasoning, of the answer or of a tool call's markup.
+KINDS = ("reasoning", "answer", "tool_call")
+
+
 @dataclass(frozen=True)
 class TurnPlace:
     message: int  # index of the assistant message in the conversation
     span: tuple[int, int] | None  # characters [start, end) the model emits; None: not located
     reasoning: str  # one of NO_REASONING, *REASONING_FATES
+    answer_from: int | None = None  # where the answer starts (before it: the reasoning block)
+    calls_from: int | None = None  # where the tool-call markup starts (None: no calls)
+
+    def kind_spans(self) -> list[tuple[int, int, str]]:
+        """The turn's characters by kind: ``(start, end, kind)`` of KINDS. An empty think block
+        of a turn without reasoning counts as answer."""
+        if self.span is None:
+            return []
+        start, end = self.span
+        answer_from = start if self.answer_from is None else self.answer_from
+        calls_from = end if self.calls_from is None else self.calls_from
+        first_kind = "reasoning" if self.reasoning == RENDERED else "answer"
+        parts = [
+            (start, answer_from, first_kind),
+            (answer_from, calls_from, "answer"),
+            (calls_from, end, "tool_call"),
+        ]
+        return [p for p in parts if p[1] > p[0]]
 
 
 def split_inline_reasoning(content: str) -> tuple[str | None, str]:
@@ -162,6 +185,8 @@ class ChatTurns:
     def __init__(self, tokenizer, template_kwargs: dict | None = None):
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
+        self._tools = None  # the tool declarations of the conversation being placed
+        self._arguments_as_objects = True  # as vLLM's server hands them to the template
         # Longest first, so that a greedy scan takes "<|im_end|>" before a shorter token.
         self._added = sorted((t for t in tokenizer.get_added_vocab() if t), key=len, reverse=True)
         self.reasoning_channel = self._find_reasoning_channel()
@@ -170,9 +195,25 @@ class ChatTurns:
     # -- rendering --------------------------------------------------------------------------
 
     def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
+        """The conversation as the target's server renders it: through the tokenizer (a
+        remote-code tokenizer may render tools in Python, as Kimi-K2.5's does), with the
+        conversation's tools, and with tool-call arguments as objects, as vLLM's server passes
+        them; strings for a template that only takes strings (DeepSeek-V3.1 concatenates them)."""
+        kwargs = dict(self.template_kwargs)
+        if self._tools:
+            kwargs["tools"] = self._tools
+        calls = any(m.get("tool_calls") for m in messages)
+        if calls and self._arguments_as_objects:
+            try:
+                return self._render(_arguments_as_objects(messages), generation_prompt, kwargs)
+            except Exception:
+                self._arguments_as_objects = False
+        return self._render(messages, generation_prompt, kwargs)
+
+    def _render(self, messages: list[dict], generation_prompt: bool, kwargs: dict) -> str:
         # Passed as a batch of one, so an empty history ([]) reaches the template as a list.
         return self.tokenizer.apply_chat_template(
-            [messages], tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs
+            [messages], tokenize=False, add_generation_prompt=generation_prompt, **kwargs
         )[0]
 
     def _assistant_message(self, content: str, reasoning: str | None, channel: str | None) -> dict:
@@ -220,17 +261,42 @@ class ChatTurns:
 
     # -- placing turns ------------------------------------------------------------------------
 
-    def place(self, messages: list[dict], generation_prompt: bool = False, only_last: bool = False):
-        """Render `messages` and place their assistant turns.
+    def place(
+        self, messages: list[dict], generation_prompt: bool = False, only_last: bool = False, tools=None
+    ):
+        """Render `messages` (declaring `tools`) and place their assistant turns.
 
         Returns ``(text, places)``: the render (with ``add_generation_prompt=generation_prompt``)
         and a TurnPlace per assistant turn (only the last one with `only_last`). Raises
         TemplateMismatch when the values cannot be aligned, and the template's own exception
         when it cannot render the conversation.
         """
+        self._tools = tools
+        try:
+            return self._place(messages, generation_prompt, only_last)
+        finally:
+            self._tools = None
+
+    def _place(self, messages: list[dict], generation_prompt: bool, only_last: bool):
         assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         with_reasoning = {i for i in assistant if messages[i].get("reasoning")}
         keep = set(with_reasoning) if self.reasoning_channel else set()
+        # A calling turn whose answer is empty or not rendered is anchored on its first call's
+        # name instead: a sentinel answer would change the render (Qwen3 writes a newline before
+        # the calls only after text; gpt-oss refuses text beside reasoning; Llama drops it).
+        empty_calls = {i for i in assistant if messages[i].get("tool_calls") and not messages[i]["content"]}
+        try:
+            return self._place_anchored(messages, generation_prompt, only_last, keep, set())
+        except Exception:
+            if not empty_calls:
+                raise
+        return self._place_anchored(messages, generation_prompt, only_last, keep, empty_calls)
+
+    def _place_anchored(self, messages, generation_prompt: bool, only_last: bool, keep: set, by_name: set):
+        """`place`, with the turns of `by_name` anchored on their first call's name."""
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        with_reasoning = {i for i in assistant if messages[i].get("reasoning")}
+        keep = set(keep)
         nonce = secrets.token_hex(4)
         while any(nonce in (m.get("content") or "") or nonce in (m.get("reasoning") or "") for m in messages):
             nonce = secrets.token_hex(4)
@@ -241,21 +307,37 @@ class ChatTurns:
             out = []
             for i, m in enumerate(messages):
                 if m["role"] != "assistant":
-                    out.append({"role": m["role"], "content": m["content"]})
+                    out.append({k: m[k] for k in ("role", "content", "tool_call_id", "name") if k in m})
                     continue
-                content = c_of[i] if sentinels else m["content"]
+                content = c_of[i] if sentinels and i not in by_name else m["content"]
                 reasoning = (r_of[i] if sentinels else m["reasoning"]) if i in keep else None
-                out.append(self._assistant_message(content, reasoning, self.reasoning_channel))
+                message = self._assistant_message(content, reasoning, self.reasoning_channel)
+                if m.get("tool_calls"):
+                    calls = m["tool_calls"]
+                    if sentinels and i in by_name:
+                        first = calls[0]
+                        calls = [{**first, "function": {**first["function"], "name": c_of[i]}}, *calls[1:]]
+                    message["tool_calls"] = calls
+                out.append(message)
             return out
 
         sentinel_text = self.render(build(True), generation_prompt)
+        unrendered = {i for i in assistant if messages[i].get("tool_calls") and c_of[i] not in sentinel_text}
+        if unrendered - by_name:
+            by_name |= unrendered
+            sentinel_text = self.render(build(True), generation_prompt)
         lost = {i for i in keep if r_of[i] not in sentinel_text}
         if lost:  # render those turns without reasoning: no half-cut remainder is left
             keep -= lost
             sentinel_text = self.render(build(True), generation_prompt)
         real = build(False)
         text = self.render(real, generation_prompt)
-        values = {c_of[i]: messages[i]["content"] for i in assistant}
+        values = {
+            c_of[i]: messages[i]["tool_calls"][0]["function"]["name"]
+            if i in by_name
+            else messages[i]["content"]
+            for i in assistant
+        }
         values.update({r_of[i]: messages[i]["reasoning"] for i in keep})
         spans = align_values(sentinel_text, text, values)
         value_starts = sorted(s for s, _ in spans.values())
@@ -263,19 +345,26 @@ class ChatTurns:
         last_message = len(messages) - 1 if not generation_prompt else None
         places = []
         for i in assistant[-1:] if only_last else assistant:
-            if i not in with_reasoning:
-                fate = NO_REASONING
-            elif i in keep:
-                fate = RENDERED
-            elif self.reasoning_channel is None:
-                fate = DROPPED_UNSUPPORTED
-            else:
-                fate = DROPPED_BY_TEMPLATE
             span = self._turn_span(
                 i, real, text, spans, c_of, r_of, keep, value_starts, is_last=i == last_message, build=build
             )
-            places.append(TurnPlace(i, span, fate))
+            if span is None:
+                answer_from = calls_from = None
+            elif i in by_name:  # all of it after the reasoning is the calls' markup
+                answer_from = calls_from = spans[r_of[i]][1] if i in keep else span[0]
+            else:
+                answer_from = spans[c_of[i]][0]
+                calls_from = spans[c_of[i]][1] if messages[i].get("tool_calls") else None
+            places.append(TurnPlace(i, span, self._fate(i, with_reasoning, keep), answer_from, calls_from))
         return text, places
+
+    def _fate(self, i: int, with_reasoning: set, keep: set) -> str:
+        """What became of turn i's reasoning."""
+        if i not in with_reasoning:
+            return NO_REASONING
+        if i in keep:
+            return RENDERED
+        return DROPPED_UNSUPPORTED if self.reasoning_channel is None else DROPPED_BY_TEMPLATE
 
     def _turn_span(self, i, real, text, spans, c_of, r_of, keep, value_starts, is_last, build):
         content = spans.get(c_of[i])
@@ -301,7 +390,9 @@ class ChatTurns:
         if history is not None and text.startswith(history) and len(history) <= first:
             matched = _common_prefix_len(header, text[len(history) : first])
             if matched >= len(self._role_marker(header)):  # not a mere "<|im_" of another token
-                start = len(history) + matched
+                # Never inside a token the render writes: DeepSeek-V3.1's thinking prompt ends
+                # "<think>" where a past turn has "</think>", which shares only its "<".
+                start = self._token_start(text, len(history) + matched)
         if start is None:  # the render differs from the history render: find the header
             previous = max((e for _, e in spans.values() if e <= first), default=0)
             start = self._find_header(text, header, previous, first)
@@ -347,6 +438,14 @@ class ChatTurns:
                 return q + m
         return None
 
+    def _token_start(self, text: str, at: int) -> int:
+        """`at`, or the start of the added token in `text` that `at` falls inside."""
+        for token in self._added:
+            for p in range(max(at - len(token) + 1, 0), at):
+                if text.startswith(token, p):
+                    return p
+        return at
+
     def _count_special(self, text: str) -> int:
         """How many added tokens `text` consists of (0 when it holds anything else)."""
         n = at = 0
@@ -369,10 +468,32 @@ class ChatTurns:
         return at
 
 
+def _arguments_as_objects(messages: list[dict]) -> list[dict]:
+    """The messages with each tool call's arguments parsed from their JSON string, as vLLM's
+    server does before rendering (arguments that are not a JSON object become ``{}`` there too)."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                arguments = call["function"].get("arguments")
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments) if arguments.strip() else {}
+                    except json.JSONDecodeError:
+                        arguments = {}
+                    arguments = arguments if isinstance(arguments, dict) else {}
+                calls.append({**call, "function": {**call["function"], "arguments": arguments}})
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
 __all__ = [
     "DROPPED_BY_TEMPLATE",
     "DROPPED_UNSUPPORTED",
     "INLINE",
+    "KINDS",
     "NO_REASONING",
     "REASONING_FATES",
     "REASONING_FIELDS",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import multiprocessing
@@ -42,19 +43,23 @@ import numpy as np
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, iter_jsonl, room_for, save_tensor
 from eaglenest.data.chat_turns import (
+    KINDS,
     NO_REASONING,
     REASONING_FATES,
     REASONING_FIELDS,
     RENDERED,
+    THINK_CLOSE,
     ChatTurns,
     OpensWithAssistant,
     TemplateMismatch,
     TurnPlace,
     split_inline_reasoning,
 )
+from eaglenest.data.modes import DEFAULT_MODE, check_switches
+from eaglenest.data.regenerate import CUT_REASONS, TOOL_CALL_MARKERS, row_generations
 from eaglenest.target.resolve import load_tokenizer, read_shape
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 SKIP_REASONS = (
     "regeneration_failed",
     "overlong",
@@ -125,7 +130,20 @@ def _message(m, j: int, where: str, path) -> dict:
         reasoning, content = split_inline_reasoning(content)
     if role != "assistant" or (reasoning is not None and not reasoning.strip()):
         reasoning = None
-    return {"role": role, "content": content, "reasoning": reasoning}
+    out = {"role": role, "content": content, "reasoning": reasoning}
+    if role == "assistant" and m.get("tool_calls"):
+        calls = m["tool_calls"]
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) and c["function"].get("name")
+            for c in calls
+        ):
+            raise EaglenestError(f"{where}: message {j} tool_calls must be a list of function calls", path)
+        out["tool_calls"] = calls
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                out[key] = m[key]
+    return out
 
 
 def prepare_messages(row: dict, path=None, recno: int = 0):
@@ -164,16 +182,21 @@ def prepare_messages(row: dict, path=None, recno: int = 0):
 # --------------------------------------------------------------------------------------------
 
 
+def _label(span) -> int:
+    """A span is ``(start, end)`` (label 1) or ``(start, end, label)``."""
+    return span[2] if len(span) > 2 else 1
+
+
 def assistant_mask(offsets, spans) -> np.ndarray:
     """Token loss mask (uint8) from token character offsets and assistant character spans:
-    a token is masked when its first character lies in a span."""
+    a token is masked when its first character lies in a span (with the span's label)."""
     if len(offsets) == 0:
         return np.zeros(0, dtype=np.uint8)
     starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
-    mask = np.zeros(len(starts), dtype=bool)
-    for s, e in spans:
-        mask |= (starts >= s) & (starts < e)
-    return mask.astype(np.uint8)
+    mask = np.zeros(len(starts), dtype=np.uint8)
+    for span in spans:
+        mask[(starts >= span[0]) & (starts < span[1])] = _label(span)
+    return mask
 
 
 def _first_token_from(encoding, pos: int, n_tokens: int, n_chars: int):
@@ -193,12 +216,12 @@ def encoding_mask(encoding, spans, n_chars: int) -> np.ndarray:
     character belongs to no token."""
     n = len(encoding.ids)
     mask = np.zeros(n, dtype=np.uint8)
-    for s, e in spans:
-        a = _first_token_from(encoding, s, n, n_chars)
-        b = _first_token_from(encoding, e, n, n_chars)
+    for span in spans:
+        a = _first_token_from(encoding, span[0], n, n_chars)
+        b = _first_token_from(encoding, span[1], n, n_chars)
         if a is None or b is None:
             return assistant_mask(encoding.offsets, spans)
-        mask[a:b] = 1
+        mask[a:b] = _label(span)
     return mask
 
 
@@ -264,8 +287,9 @@ def token_index_at(tokenizer, text: str, ids, pos: int) -> int:
 def prefix_mask(tokenizer, text: str, ids: np.ndarray, spans) -> np.ndarray:
     """`assistant_mask` for a tokenizer without offsets (see `token_index_at`)."""
     mask = np.zeros(len(ids), dtype=np.uint8)
-    for s, e in spans:
-        mask[token_index_at(tokenizer, text, ids, s) : token_index_at(tokenizer, text, ids, e)] = 1
+    for span in spans:
+        a, b = (token_index_at(tokenizer, text, ids, p) for p in span[:2])
+        mask[a:b] = _label(span)
     return mask
 
 
@@ -278,58 +302,163 @@ def _name(rid) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def served_token_ids(row: dict):
-    """The exact tokens the server fed and emitted, when regeneration recorded them."""
-    prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
-    if prompt is None or completion is None:
-        return None
-    return prompt, completion
+def appends(generations: list[dict]) -> bool:
+    """Whether each generation's prompt is the previous prompt and its answer, token for token:
+    the template renders this tool loop append-only, and the loop trains as one row."""
+    for before, after in itertools.pairwise(generations):
+        grown = list(before["prompt_token_ids"]) + list(before["completion_token_ids"])
+        if list(after["prompt_token_ids"][: len(grown)]) != grown:
+            return False
+    return True
 
 
-def training_rows(rid: str, messages: list[dict], served, multi_turn: str) -> list[dict]:
+def training_rows(
+    rid: str, messages: list[dict], generations: list[dict], multi_turn: str, about=None
+) -> list[dict]:
     """The training rows of one conversation under the multi-turn policy.
 
-    ``all``: one row, every assistant turn masked. ``last``: one row, only the final turn
-    masked (earlier turns are context). ``expand``: one row per assistant turn, the
-    conversation up to it, only that (final) turn masked; the rows of earlier turns are named
-    ``ID#K`` (K: the turn's number among the assistant turns, from 0), the last keeps ``ID``
-    and the served ids."""
-    if multi_turn != "expand":
-        return [{"id": rid, "messages": messages, "served": served, "only_last": multi_turn == "last"}]
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    rows = [
-        {"id": f"{rid}#{k}", "messages": messages[: i + 1], "served": None, "only_last": True}
-        for k, i in enumerate(turns[:-1])
-    ]
-    rows.append({"id": rid, "messages": messages, "served": served, "only_last": True})
+    Without `generations` (served token ids), the conversation is rendered: ``all``: one row,
+    every assistant turn masked. ``last``: one row, only the final turn masked (earlier turns
+    are context). ``expand``: one row per assistant turn, the conversation up to it, only that
+    (final) turn masked; the rows of earlier turns are named ``ID#K`` (K: the turn's number among
+    the assistant turns, from 0).
+
+    With generations, the turns before the first generation are history, rendered under the
+    policy, and the generations are the served ids: where the loop renders append-only one row
+    holds them all (each answer masked), else one row per generation (``ID~K`` for all but the
+    last). `about` (tools, template kwargs, mode) rides along with every row."""
+    about = about or {}
+    if not generations:
+        if multi_turn != "expand":
+            return [
+                {"id": rid, "messages": messages, "served": None, "only_last": multi_turn == "last", **about}
+            ]
+        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        rows = [
+            {"id": f"{rid}#{k}", "messages": messages[: i + 1], "served": None, "only_last": True, **about}
+            for k, i in enumerate(turns[:-1])
+        ]
+        rows.append({"id": rid, "messages": messages, "served": None, "only_last": True, **about})
+        return rows
+    first = generations[0].get("messages_before", len(messages) - 1)
+    history = messages[:first]
+    rows = []
+    if multi_turn == "expand":
+        turns = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+        rows = [
+            {"id": f"{rid}#{k}", "messages": history[: i + 1], "served": None, "only_last": True, **about}
+            for k, i in enumerate(turns)
+        ]
+    history_masked = multi_turn == "all"
+    if appends(generations):
+        return [
+            *rows,
+            {
+                "id": rid,
+                "messages": history,
+                "served": generations,
+                "history_masked": history_masked,
+                **about,
+            },
+        ]
+    for k, generation in enumerate(generations):
+        name = rid if k == len(generations) - 1 else f"{rid}~{k}"
+        rows.append(
+            {
+                "id": name,
+                "messages": history,
+                "served": [generation],
+                "history_masked": history_masked and k == 0,
+                "check_prompt": k == 0,
+                **about,
+            }
+        )
     return rows
 
 
-def encode_rows(
-    chat: ChatTurns, rows: list[dict], path=None, force_prefix_boundaries: bool = False
-) -> list[dict]:
-    """Tokens, loss mask and turn places of each training row (see `training_rows`).
+class Renderers:
+    """The target's tokenizer, a ChatTurns per distinct chat_template_kwargs (a mode renders with
+    its own switches), and the ids that mark where a served answer's reasoning ends and its
+    tool calls begin."""
 
-    Each result has ``input_ids``, ``loss_mask`` and ``places`` (a TurnPlace per assistant
-    turn trained in the row), or ``skip`` (a reason of SKIP_REASONS) and ``why``.
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._chats: dict[str, ChatTurns] = {}
+        vocab = tokenizer.get_vocab()
+        self.think_close = vocab.get(THINK_CLOSE)
+        added = tokenizer.get_added_vocab()
+        self.tool_markup = {i for t, i in added.items() if t in TOOL_CALL_MARKERS}
+        self.special_ids = np.asarray(sorted(added.values()), dtype=np.int64)
+
+    def chat(self, kwargs: dict | None) -> ChatTurns:
+        """The renderer for these template switches; a switch the template never reads is
+        refused (it would render as the default mode, silently)."""
+        key = json.dumps(kwargs or {}, sort_keys=True)
+        if key not in self._chats:
+            if kwargs:
+                mode = {"name": key, "chat_template_kwargs": kwargs}
+                check_switches([mode], chat_template_text(self.tokenizer), "the target")
+            self._chats[key] = ChatTurns(self.tokenizer, kwargs)
+        return self._chats[key]
+
+    @property
+    def default(self) -> ChatTurns:
+        return self.chat(None)
+
+    def completion_kinds(self, ids: list[int], reasoning: bool) -> np.ndarray:
+        """Kind labels (KIND_LABELS) of a served answer's tokens: up to its last ``</think>`` the
+        reasoning (where it has some), from the first tool-call marker token the tool calls, the
+        rest the answer. Templates whose calls have no marker token (Llama's JSON, gpt-oss's
+        channels) count their calls as answer."""
+        kinds = np.full(len(ids), KIND_LABELS["answer"], dtype=np.uint8)
+        start = 0
+        if reasoning and self.think_close is not None and self.think_close in ids:
+            start = len(ids) - ids[::-1].index(self.think_close)
+            kinds[:start] = KIND_LABELS["reasoning"]
+        calls = next((k for k in range(start, len(ids)) if ids[k] in self.tool_markup), None)
+        if calls is not None:
+            kinds[calls:] = KIND_LABELS["tool_call"]
+        return kinds
+
+
+KIND_LABELS = {kind: k + 1 for k, kind in enumerate(KINDS)}  # 0: not supervised
+
+
+def _labelled_spans(places: list[TurnPlace]) -> list[tuple[int, int, int]]:
+    return [(s, e, KIND_LABELS[kind]) for place in places for s, e, kind in place.kind_spans()]
+
+
+def encode_rows(
+    renderers: Renderers, rows: list[dict], path=None, force_prefix_boundaries: bool = False
+) -> list[dict]:
+    """Tokens, loss mask, kinds and turn places of each training row (see `training_rows`).
+
+    Each result has ``input_ids``, ``kinds`` (KIND_LABELS per token, 0 where the loss is masked
+    out) and ``places`` (a TurnPlace per assistant turn trained in the row), or ``skip`` (a
+    reason of SKIP_REASONS) and ``why``.
 
     A row with served ids is the prompt as the server rendered it, which must equal the
     template's render here (a template changed since regeneration is an error), then the ids the
-    model emitted (all loss 1: reasoning, answer, end-of-turn token). Re-tokenizing the response
-    text could give other tokens than the ones the model emitted (non-canonical merges, partial
-    UTF-8 bytes), and the draft would learn a sequence the target never produces.
+    model emitted (all supervised: reasoning, answer, tool calls, end-of-turn token); a tool loop
+    rendered append-only is the last prompt and answer, every answer in it supervised.
+    Re-tokenizing the response text could give other tokens than the ones the model emitted
+    (non-canonical merges, partial UTF-8 bytes), and the draft would learn a sequence the
+    target never produces.
     """
-    tokenizer = chat.tokenizer
     results: list[dict] = []
     texts, spans, owners = [], [], []
     for k, row in enumerate(rows):
         messages, served = row["messages"], row["served"]
+        chat = renderers.chat(row.get("chat_template_kwargs"))
+        if served is not None and not row.get("check_prompt", True):
+            results.append({"places": []})  # a later generation of a loop that does not append
+            continue
         try:
             if served is None:
-                text, places = chat.place(messages, only_last=row["only_last"])
+                text, places = chat.place(messages, only_last=row["only_last"], tools=row.get("tools"))
             else:  # the prompt; its earlier assistant turns are trained as rendered ("all")
-                text, places = chat.place(messages[:-1], generation_prompt=True)
-                if row["only_last"]:
+                text, places = chat.place(messages, generation_prompt=True, tools=row.get("tools"))
+                if not row["history_masked"]:
                     places = []
         except OpensWithAssistant as e:
             results.append({"skip": "opens_with_assistant", "why": str(e)})
@@ -341,30 +470,51 @@ def encode_rows(
             raise EaglenestError(f"{_name(row['id'])}the chat template failed to render: {e}", path) from None
         results.append({"places": places})
         texts.append(text)
-        spans.append([p.span for p in places if p.span is not None])
+        spans.append(_labelled_spans(places))
         owners.append(k)
 
-    for k, (ids, mask) in zip(owners, tokenize_with_spans(tokenizer, texts, spans, force_prefix_boundaries)):
-        row, result = rows[k], results[k]
-        if row["served"] is not None:
-            prompt_ids, completion_ids = row["served"]
-            if ids.tolist() != list(prompt_ids):
-                raise EaglenestError(
-                    f"{_name(row['id'])}the prompt as the target's chat template renders it now "
-                    "differs from the prompt the server rendered during regeneration (template or "
-                    "tokenizer changed since then?)",
-                    path,
-                )
-            final = row["messages"][-1]
-            result["places"].append(
-                TurnPlace(
-                    len(row["messages"]) - 1, (-1, -1), RENDERED if final["reasoning"] else NO_REASONING
-                )
-            )
-            ids = np.concatenate([ids, np.asarray(completion_ids, dtype=np.int64)])
-            mask = np.concatenate([mask, np.ones(len(completion_ids), dtype=np.uint8)])
-        result["input_ids"], result["loss_mask"] = ids, mask
+    encoded = dict(
+        zip(owners, tokenize_with_spans(renderers.tokenizer, texts, spans, force_prefix_boundaries))
+    )
+    for k, (row, result) in enumerate(zip(rows, results)):
+        if "skip" in result:
+            continue
+        if row["served"] is None:
+            result["input_ids"], result["kinds"] = encoded[k]
+        else:
+            result["input_ids"], result["kinds"] = _served_row(renderers, row, result, encoded.get(k), path)
+        result["loss_mask"] = (result["kinds"] > 0).astype(np.uint8)
     return results
+
+
+def _served_row(renderers: Renderers, row: dict, result: dict, rendered, path):
+    """The ids and kinds of a row of served generations (its history's render checked against
+    the first prompt the server rendered)."""
+    generations = row["served"]
+    first_prompt = list(generations[0]["prompt_token_ids"])
+    if rendered is not None:
+        ids, kinds = rendered
+        if ids.tolist() != first_prompt:
+            raise EaglenestError(
+                f"{_name(row['id'])}the prompt as the target's chat template renders it now "
+                "differs from the prompt the server rendered during regeneration (template or "
+                "tokenizer changed since then?)",
+                path,
+            )
+    else:
+        kinds = np.zeros(len(first_prompt), dtype=np.uint8)
+    last = generations[-1]
+    ids = np.asarray(list(last["prompt_token_ids"]) + list(last["completion_token_ids"]), dtype=np.int64)
+    kinds = np.concatenate([kinds, np.zeros(len(ids) - len(kinds), dtype=np.uint8)])
+    messages = row["all_messages"]
+    for generation in generations:
+        at = len(generation["prompt_token_ids"])
+        completion = list(generation["completion_token_ids"])
+        index = generation.get("messages_before", len(messages) - 1)
+        reasoning = messages[index]["reasoning"]
+        kinds[at : at + len(completion)] = renderers.completion_kinds(completion, bool(reasoning))
+        result["places"].append(TurnPlace(index, (-1, -1), RENDERED if reasoning else NO_REASONING))
+    return ids, kinds
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,6 +535,14 @@ class Tally:
         self.samples_in = self.rows_in = self.samples_out = self.truncated = 0
         self.tokens_total = self.tokens_loss_masked = 0
         self.turns = self.turns_unmasked = self.turns_context = self.rows_served = 0
+        self.generations = 0
+        self.cut: collections.Counter = collections.Counter()
+        self.records_by: dict[str, collections.Counter] = {
+            "mode": collections.Counter(),
+            "class": collections.Counter(),
+        }
+        self.kind_tokens: dict[str, collections.Counter] = {}  # mode -> kind -> supervised tokens
+        self.special_seen = np.zeros(0, dtype=np.int64)
 
     def skip(self, reason: str, rid, why: str = "") -> None:
         self.skipped[reason] += 1
@@ -398,22 +556,25 @@ class Tally:
             self.skip(result["skip"], rid, result["why"])
             return None
         self.rows_served += row["served"] is not None
-        if multi_turn == "last":  # earlier turns are context by choice, not unmasked
+        if (
+            multi_turn == "last" and row["served"] is None
+        ):  # earlier turns are context by choice, not unmasked
             self.turns_context += sum(m["role"] == "assistant" for m in row["messages"]) - 1
         for place in result["places"]:
             self.turns += 1
             self.turns_unmasked += place.span is None
             if place.reasoning != NO_REASONING:
                 self.fates[place.reasoning] += 1
-        ids, mask = result["input_ids"], result["loss_mask"]
+        ids, kinds = result["input_ids"], result["kinds"]
         self._check_ids(rid, ids)
         was_truncated = False
         if ids.size > self.max_seq_len:
             if self.overlong == "drop":
                 self.skip("overlong", rid)
                 return None
-            ids, mask = ids[: self.max_seq_len], mask[: self.max_seq_len]
+            ids, kinds = ids[: self.max_seq_len], kinds[: self.max_seq_len]
             was_truncated = True
+        mask = (kinds > 0).astype(np.uint8)
         n_masked = int(mask.sum())
         if n_masked == 0:
             self.skip("no_assistant_tokens", rid)
@@ -422,6 +583,9 @@ class Tally:
         self.samples_out += 1
         self.tokens_total += int(ids.size)
         self.tokens_loss_masked += n_masked
+        per_kind = self.kind_tokens.setdefault(row.get("mode") or DEFAULT_MODE, collections.Counter())
+        for kind, label in KIND_LABELS.items():
+            per_kind[kind] += int((kinds == label).sum())
         return ids, mask
 
     def _check_ids(self, rid, ids: np.ndarray) -> None:
@@ -443,6 +607,19 @@ class Tally:
     def count_tokens(self, masked_ids: list[np.ndarray]) -> None:
         if masked_ids:
             self.counts += np.bincount(np.concatenate(masked_ids), minlength=self.vocab_size)
+
+    def record(self, record: dict, mode: str) -> None:
+        """Count one response record: its mode and class, its generations, why its loop was cut."""
+        self.records_by["mode"][mode] += 1
+        self.records_by["class"]["tool" if record.get("tools") else "chat"] += 1
+        self.generations += len(row_generations(record))
+        if record.get("cut"):
+            self.cut[record["cut"]] += 1
+
+    def supervised_special_ids(self, special_ids: np.ndarray) -> dict[str, int]:
+        """The tokenizer's added tokens that occur in supervised positions, with their counts."""
+        seen = self.counts[special_ids[special_ids < self.vocab_size]]
+        return {str(int(i)): int(c) for i, c in zip(special_ids[special_ids < self.vocab_size], seen) if c}
 
     def rows_as_lines(self, batch: list[dict], results: list[dict], multi_turn: str) -> str:
         """The kept rows of a batch as tokenized_data.jsonl lines, their masked tokens counted."""
@@ -489,6 +666,13 @@ class Tally:
                 "served_token_ids": self.rows_served,
                 "template_render": self.rows_in - self.rows_served - unplaced,
             },
+            "records": {"by_mode": dict(self.records_by["mode"]), "by_class": dict(self.records_by["class"])},
+            "generations": self.generations,
+            "tool_loops_cut": {reason: self.cut[reason] for reason in CUT_REASONS},
+            "supervised_tokens": {
+                "by_kind": {k: sum(c[k] for c in self.kind_tokens.values()) for k in KINDS},
+                "by_mode": {m: {k: c[k] for k in KINDS} for m, c in sorted(self.kind_tokens.items())},
+            },
         }
 
 
@@ -510,6 +694,8 @@ def _write_rows(tmp_data, encoded, tally: Tally, multi_turn: str) -> None:
             tally.samples_in += chunk.records
             for rid in chunk.failed:
                 tally.skip("regeneration_failed", rid)
+            for record, mode in chunk.answered:
+                tally.record(record, mode)
             tally.rows_in += len(chunk.rows)
             f.write(tally.rows_as_lines(chunk.rows, results, multi_turn))
 
@@ -553,7 +739,8 @@ def tokenize_stage(
     _check_settings(responses_path, max_seq_len, overlong, multi_turn)
 
     tokenizer = load_tokenizer(target_dir, trust_remote_code)
-    chat = ChatTurns(tokenizer)
+    renderers = Renderers(tokenizer)
+    chat = renderers.default
     tally = Tally(
         read_shape(target_dir, require=("vocab_size",)).vocab_size,
         len(tokenizer),
@@ -569,7 +756,7 @@ def tokenize_stage(
         tmp_meta = stack.enter_context(atomic_path(out_metadata))
         tmp_freq = stack.enter_context(atomic_path(out_freq))
         tmp_data = stack.enter_context(atomic_path(out_data))
-        encoded = _encoded(_chunks(responses_path, multi_turn), chat, responses_path, processes)
+        encoded = _encoded(_chunks(responses_path, multi_turn), renderers, responses_path, processes)
         _write_rows(tmp_data, encoded, tally, multi_turn)
         save_tensor(torch.from_numpy(tally.counts), tmp_freq)
         metadata = tally.metadata(
@@ -578,6 +765,10 @@ def tokenize_stage(
             target_name=target_name,
             target_revision=target_revision,
             reasoning=_reasoning_record(chat, tally),
+            supervised_special_tokens={
+                i: tokenizer.convert_ids_to_tokens(int(i))
+                for i in tally.supervised_special_ids(renderers.special_ids)
+            },
         )
         tmp_meta.write_text(json.dumps(metadata, indent=2) + "\n")
     _log_summary(metadata)
@@ -592,26 +783,48 @@ class _Chunk:
     rows: list[dict]
     records: int
     failed: list
+    answered: list  # (what the tally counts of a record, its mode)
+
+
+def _about(record: dict, path, recno: int) -> dict:
+    """What a record's rows carry besides their messages: tools, template switches, mode."""
+    about = {"mode": record.get("mode") or DEFAULT_MODE}
+    for key, kind in (("tools", list), ("chat_template_kwargs", dict)):
+        if record.get(key) is not None:
+            if not isinstance(record[key], kind):
+                raise EaglenestError(
+                    f"{_where(record.get('id'), recno)}: '{key}' must be a {kind.__name__}", path
+                )
+            about[key] = record[key]
+    return about
 
 
 def _chunks(responses_path, multi_turn: str):
     """The responses as training rows, chunk by chunk, read lazily."""
-    chunk = _Chunk([], 0, [])
+    chunk = _Chunk([], 0, [], [])
     for recno, record in enumerate(iter_jsonl(responses_path), start=1):
         chunk.records += 1
         messages = prepare_messages(record, responses_path, recno)
         if messages is None:
             chunk.failed.append(record.get("id"))
             continue
-        chunk.rows.extend(training_rows(record["id"], messages, served_token_ids(record), multi_turn))
+        about = _about(record, responses_path, recno)
+        counted = {
+            k: record[k] for k in ("tools", "cut", "generations", "completion_token_ids") if k in record
+        }
+        chunk.answered.append((counted, about["mode"]))
+        rows = training_rows(record["id"], messages, row_generations(record), multi_turn, about)
+        for row in rows:
+            row["all_messages"] = messages
+        chunk.rows.extend(rows)
         if len(chunk.rows) >= _CHUNK_ROWS:
             yield chunk
-            chunk = _Chunk([], 0, [])
+            chunk = _Chunk([], 0, [], [])
     yield chunk
 
 
-# The workers' ChatTurns: this process's, inherited through fork.
-_WORKER_CHAT: ChatTurns | None = None
+# The workers' renderers: this process's, inherited through fork.
+_WORKER_CHAT: Renderers | None = None
 
 
 def _start_worker() -> None:
@@ -629,7 +842,7 @@ def _encode_in_worker(rows: list[dict], responses_path) -> list[dict]:
     return encode_rows(_WORKER_CHAT, rows, responses_path)
 
 
-def _encoded(chunks, chat: ChatTurns, responses_path, processes: int):
+def _encoded(chunks, chat: Renderers, responses_path, processes: int):
     """(chunk, its encoded rows) in input order: here, or in `processes` forked workers with a
     bounded window of chunks in flight (memory stays a few chunks, whatever the file size)."""
     if processes <= 1:
@@ -708,7 +921,6 @@ __all__ = [
     "encode_rows",
     "encoding_mask",
     "prepare_messages",
-    "served_token_ids",
     "tokenize_stage",
     "tokenize_with_spans",
     "training_rows",
