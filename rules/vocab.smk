@@ -5,6 +5,7 @@ rule build_vocab_mapping:
     input:
         token_freq=rules.tokenize.output.freq,
         target=rules.resolve_target.output.record,
+        metadata=rules.tokenize.output.metadata,
     output:
         t2d_pt=f"{RUN}/vocab/t2d.pt",
         d2t_pt=f"{RUN}/vocab/d2t.pt",

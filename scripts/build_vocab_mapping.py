@@ -19,4 +19,5 @@ run_logged(
     d2t_npy=out.d2t_npy,
     coverage_json=out.coverage,
     coverage_plot=out.coverage_plot,
+    metadata=sm.input.metadata,
 )

@@ -415,9 +415,15 @@ def test_snakemake_script(tmp_path):
         coverage="vocab_coverage.json",
         coverage_plot="vocab_coverage.png",
     )
+    # Id 7 is rare (count 0: 7 % 7) but tokenize found it in a supervised span (a tool-call
+    # marker): it gets a slot anyway.
+    metadata = tmp_path / "metadata.json"
+    metadata.write_text(json.dumps({"supervised_special_tokens": {"7": "<|tool_call_end|>"}}))
     smk = SimpleNamespace(
         input=SimpleNamespace(
-            token_freq=str(freq), target=str(target_record(model, tmp_path / "target.json"))
+            token_freq=str(freq),
+            target=str(target_record(model, tmp_path / "target.json")),
+            metadata=str(metadata),
         ),
         params=SimpleNamespace(draft_vocab_size=16, always_keep_ids=[63]),
         output=SimpleNamespace(**{k: str(out / v) for k, v in names.items()}),
@@ -429,7 +435,9 @@ def test_snakemake_script(tmp_path):
         logging.getLogger().handlers.clear()  # the script points the root logger at its log
     assert sorted(p.name for p in out.iterdir()) == sorted(names.values())
     t2d, _, _, _ = load_outputs(out)
-    assert int(t2d.sum()) == 16 and bool(t2d[63])
+    assert int(t2d.sum()) == 16 and bool(t2d[63]) and bool(t2d[7])
+    coverage = json.loads((out / "vocab_coverage.json").read_text())
+    assert coverage["forced_special_tokens"] == {"7": "<|tool_call_end|>"}
     assert "16 of 64 ids cover" in (tmp_path / "vocab.log").read_text()
 
 

@@ -409,6 +409,7 @@ def build_vocab_mapping(
     target_config=None,
     target_vocab_size: int | None = None,
     always_keep_ids: Iterable[int] = (),
+    forced_special_tokens: Mapping[int, str] | None = None,
 ) -> dict:
     """From `token_freq.pt` to t2d/d2t (.pt and .npy), vocab_coverage.json and optional plot.
 
@@ -427,7 +428,10 @@ def build_vocab_mapping(
         raise EaglenestError(f"target vocabulary size must be positive, got {target_vocab_size!r}")
 
     counts = load_token_counts(token_freq, target_vocab_size)
-    mapping = compute_vocab_mapping(counts, draft_vocab_size, always_keep_ids, source=token_freq)
+    forced = dict(sorted((forced_special_tokens or {}).items()))
+    keep = list(dict.fromkeys([*always_keep_ids, *forced]))
+    mapping = compute_vocab_mapping(counts, draft_vocab_size, keep, source=token_freq)
+    mapping.coverage["forced_special_tokens"] = {str(i): t for i, t in forced.items()}
 
     t2d, d2t = mapping.t2d, mapping.d2t
     coverage_text = json.dumps(mapping.coverage, indent=2) + "\n"
@@ -469,8 +473,16 @@ def mapping_stage(
     d2t_npy,
     coverage_json,
     coverage_plot,
+    metadata=None,
 ) -> dict:
-    """The build_vocab_mapping rule: the mapping for the resolved target's vocabulary."""
+    """The build_vocab_mapping rule: the mapping for the resolved target's vocabulary. The
+    tokenizer's added tokens that tokenize found in supervised spans (`metadata`'s
+    supervised_special_tokens: tool-call markup, think tags, end of turn) always get a draft
+    slot, however rare: a draft that cannot propose the end of a call stops every call's run."""
+    forced = {}
+    if metadata is not None:
+        supervised = json.loads(Path(metadata).read_text()).get("supervised_special_tokens") or {}
+        forced = {int(i): token for i, token in supervised.items()}
     paths = MappingPaths(
         t2d_pt, d2t_pt, t2d_npy, d2t_npy, coverage_json=coverage_json, coverage_plot=coverage_plot
     )
@@ -480,4 +492,5 @@ def mapping_stage(
         paths,
         target_vocab_size=target.shape["vocab_size"],
         always_keep_ids=always_keep_ids,
+        forced_special_tokens=forced,
     )
