@@ -9,6 +9,8 @@ from snakemake.io import is_flagged
 from snakemake.utils import validate
 
 from eaglenest.data.benchmarks import benchmark_file, check_benchmarks
+from eaglenest.data.modes import check_folder_switches, checked_modes
+from eaglenest.target.kimi_mini import ASSETS as KIMI_MINI_ASSETS
 from eaglenest.draft.algorithms import check_draft_plan, is_parallel
 from eaglenest.draft.config import check_sglang_target
 from eaglenest.core.errors import EaglenestError
@@ -27,6 +29,7 @@ from eaglenest.target.resolve import (
     check_remote_code_pinned,
     check_target,
     on_hub,
+    repo_cache_folder,
 )
 from eaglenest.pipeline.code_hash import code_hash
 from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
@@ -143,6 +146,25 @@ if TARGET_ON_HUB and not BUILD_TINY and config["target"]["trust_remote_code"]:
     except EaglenestError as e:  # the message names the config files itself
         raise WorkflowError(str(e))
 
+# A mode's template switch that the target's template never reads: refused here wherever the
+# template is on disk already (the miniature's own, a local folder, a cached hub revision);
+# regenerate_responses checks again before its server starts.
+try:
+    _template_folder = None
+    if BUILD_TINY and TINY_ARCHITECTURE == "kimi_k25":
+        _template_folder = KIMI_MINI_ASSETS
+    elif not BUILD_TINY and not GGUF and not TARGET_ON_HUB:
+        _template_folder = TARGET
+    elif TARGET_ON_HUB and not BUILD_TINY:
+        _cached = cached_commit(TARGET, config["target"]["revision"], TARGET_CACHE)
+        if _cached:
+            _template_folder = repo_cache_folder(TARGET, TARGET_CACHE) / "snapshots" / _cached
+    if _template_folder is not None:
+        check_folder_switches(config["modes"], _template_folder, f"{TARGET} ({_template_folder})")
+    checked_modes(config["modes"])
+except EaglenestError as e:
+    raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: modes: {e}")
+
 # GPU jobs find the leased vLLM server through this; its supervisor stops the server when
 # this process is gone, however the workflow ends.
 os.environ.setdefault(WORKFLOW_PID_ENV, str(os.getpid()))
@@ -191,6 +213,15 @@ def tiny_target_corpus():
     # No schema default for corpus: see TINY_ARCHITECTURE.
     path = Path(config["target"]["build_tiny"].get("corpus", "data/tiny_target/corpus.jsonl"))
     return str(path) if path.is_absolute() else repository_file(path)
+
+
+def tiny_target_tool_corpus():
+    """The tool-calling conversations the Kimi miniature learns its call markup from (none by
+    default)."""
+    path = config["target"]["build_tiny"].get("tool_corpus")
+    if not path:
+        return []
+    return [str(path) if Path(path).is_absolute() else repository_file(Path(path))]
 
 
 def prompt_source_files():

@@ -9,6 +9,7 @@ if BUILD_TINY:
     rule build_tiny_target:
         input:
             corpus=tiny_target_corpus(),
+            tool_corpus=tiny_target_tool_corpus(),
         output:
             # A hub-id target is published into the hub cache, as a download would leave it.
             target_source_files(),
@@ -17,8 +18,8 @@ if BUILD_TINY:
         params:
             target=TARGET,
             cache_dir=TARGET_CACHE,
-            shape={k: v for k, v in config["target"]["build_tiny"].items() if k != "corpus"},
-            corpus_digest=repository_digests([tiny_target_corpus()]),
+            shape={k: v for k, v in config["target"]["build_tiny"].items() if k not in ("corpus", "tool_corpus")},
+            corpus_digest=repository_digests([tiny_target_corpus(), *tiny_target_tool_corpus()]),
             code=code_hash("build_tiny_target", leave_out=TINY_BUILDERS_NOT_USED),
         script:
             "../scripts/build_tiny_target.py"
@@ -98,6 +99,8 @@ rule prepare_prompts:
         bundled_digests=repository_digests(prompt_source_files()),
         eval_samples=config["prompts"]["eval_samples"],
         seed=config["prompts"]["seed"],
+        # Only what decides which prompt gets which mode: switches and sampling are regeneration's.
+        modes=[{"name": m["name"], "share": m.get("share", 1.0)} for m in config["modes"]],
         code=code_hash("prepare_prompts"),
     script:
         "../scripts/prepare_prompts.py"
@@ -119,11 +122,14 @@ rule regenerate_responses:
         run_dir=RUN,
         server=server_params(),
         reasoning_parser=config["target"]["reasoning_parser"],
+        tool_call_parser=config["target"]["tool_call_parser"],
         sampling={
             k: config["regenerate"][k]
             for k in ("max_tokens", "temperature", "top_p", "n")
             if k in config["regenerate"]
         },
+        modes=config["modes"],
+        max_tool_rounds=config["regenerate"]["max_tool_rounds"],
         concurrency=config["regenerate"]["concurrency"],
         max_retries=config["regenerate"]["max_retries"],
         request_timeout_s=config["regenerate"]["request_timeout_s"],

@@ -56,6 +56,7 @@ rule evaluate_acceptance:
         max_tokens=config["evaluate"]["max_tokens"],
         concurrency=config["evaluate"]["concurrency"],
         ngram=config["evaluate"]["ngram"],
+        modes=config["modes"],
         # vLLM loads the DFlash mend by its plugin name; no stage imports it.
         code=code_hash("evaluate_acceptance", also=("engine.vllm_cpu_dflash",)),
     script:

@@ -11,5 +11,6 @@ run_logged(
     target=p.target,
     cache_dir=p.cache_dir,
     corpus=sm.input.corpus,
+    tool_corpus=list(sm.input.tool_corpus),
     shape=dict(p.shape),
 )

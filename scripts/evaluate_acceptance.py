@@ -31,4 +31,5 @@ run_logged(
     methods=tuple(p.methods),
     # A sweep's variant evaluates its draft alone; the run's own evaluation holds no_spec's outputs.
     reference_outputs=sm.input.get("reference"),
+    modes=[dict(m) for m in p.modes],
 )

@@ -111,29 +111,23 @@ def run_stage(tmp_path, folder, rows, multi_turn="all"):
     return meta, data
 
 
-def test_render_path_masks_every_turn_as_the_template_writes_it(family, tmp_path):
-    fam, tok, folder = family
-    meta, data = run_stage(tmp_path, folder, [{"id": n, "messages": c} for n, c in CASES.items()])
-    n_turns = 0
-    fates_seen = {"rendered": 0, "dropped_by_template": 0, "dropped_unsupported": 0}
-    for name, conv in CASES.items():
-        segments, fates = fam.expect(conv)  # opens_with_assistant too: every family masks it
-        text, ids, mask = expected_tokens(tok, segments)
-        row = data[name]
-        assert tok.decode(row["input_ids"]) == text, f"{fam.name}/{name}"
-        assert row["input_ids"] == ids.tolist(), f"{fam.name}/{name}"
-        got = np.asarray(row["loss_mask"], dtype=np.uint8)
-        if not np.array_equal(got, mask):
-            bad = int(np.flatnonzero(got != mask)[0])
-            raise AssertionError(
-                f"{fam.name}/{name}: mask differs at token {bad} "
-                f"({tok.decode(ids[max(0, bad - 3) : bad + 3])!r}): "
-                f"expected {mask[max(0, bad - 3) : bad + 3]}, got {got[max(0, bad - 3) : bad + 3]}"
-            )
-        n_turns += len(fates)
-        for f in fates:
-            if f != "none":
-                fates_seen[f] += 1
+def assert_tokens(tok, row, text, ids, mask, where):
+    """A tokenized row is the expected render, token by token, and its mask the expected one
+    (the first difference shown in context)."""
+    assert tok.decode(row["input_ids"]) == text, where
+    assert row["input_ids"] == ids.tolist(), where
+    got = np.asarray(row["loss_mask"], dtype=np.uint8)
+    if not np.array_equal(got, mask):
+        bad = int(np.flatnonzero(got != mask)[0])
+        raise AssertionError(
+            f"{where}: mask differs at token {bad} "
+            f"({tok.decode(ids[max(0, bad - 3) : bad + 3])!r}): "
+            f"expected {mask[max(0, bad - 3) : bad + 3]}, got {got[max(0, bad - 3) : bad + 3]}"
+        )
+
+
+def assert_every_turn_masked(meta, n_turns, fates_seen, passed_as):
+    """metadata.json counts every assistant turn masked and each reasoning's fate."""
     assert meta["assistant_turns"] == {
         "total": n_turns,
         "masked": n_turns,
@@ -142,7 +136,23 @@ def test_render_path_masks_every_turn_as_the_template_writes_it(family, tmp_path
     }
     assert meta["reasoning"]["assistant_turns_with_reasoning"] == sum(fates_seen.values())
     assert {k: meta["reasoning"][k] for k in fates_seen} == fates_seen
-    assert meta["reasoning"]["passed_as"] == fam.passed_as
+    assert meta["reasoning"]["passed_as"] == passed_as
+
+
+def test_render_path_masks_every_turn_as_the_template_writes_it(family, tmp_path):
+    fam, tok, folder = family
+    meta, data = run_stage(tmp_path, folder, [{"id": n, "messages": c} for n, c in CASES.items()])
+    n_turns = 0
+    fates_seen = {"rendered": 0, "dropped_by_template": 0, "dropped_unsupported": 0}
+    for name, conv in CASES.items():
+        segments, fates = fam.expect(conv)  # opens_with_assistant too: every family masks it
+        text, ids, mask = expected_tokens(tok, segments)
+        assert_tokens(tok, data[name], text, ids, mask, f"{fam.name}/{name}")
+        n_turns += len(fates)
+        for f in fates:
+            if f != "none":
+                fates_seen[f] += 1
+    assert_every_turn_masked(meta, n_turns, fates_seen, fam.passed_as)
     assert meta["samples_in"] + meta["rows_from_expansion"] == meta["samples_out"] + sum(
         meta["skipped"].values()
     )

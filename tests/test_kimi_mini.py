@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.target.kimi_mini import ASSETS, SPECIAL_TOKENS, build_kimi_mini, text_model, tokenizer_module
+from eaglenest.target.kimi_mini import (
+    ASSETS,
+    REASONING_OPENER,
+    SPECIAL_TOKENS,
+    build_kimi_mini,
+    text_model,
+    tokenizer_module,
+    tool_call_rounds,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "tiny_target" / "corpus.jsonl"
@@ -229,6 +237,38 @@ def test_chat_template_thinks_like_kimi(tok):
     ]
     rendered = tok.apply_chat_template(calling, tokenize=False)
     assert "<think>use the tool</think><|tool_calls_section_begin|><|tool_call_begin|>" in rendered
+
+
+def test_instant_mode_closes_the_think_block_in_the_generation_prompt(tok):
+    """Kimi-K2.5's `thinking` switch: off, the generation prompt opens and closes the think
+    block, so the answer follows at once; on or absent, the model opens it."""
+    conv = [{"role": "user", "content": "Hi"}]
+    instant = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, thinking=False)
+    assert instant.endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
+    for switch in ({}, {"thinking": True}):
+        prompt = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True, **switch)
+        assert prompt.endswith("<|im_assistant|>assistant<|im_middle|>")
+
+
+def test_the_tool_corpus_is_written_in_kimis_native_markup(tok):
+    """What the miniature learns to write for a tools row: reasoning in thinking mode, the calls
+    with their native ids and arguments as the engine re-renders them, the end of turn; the
+    second round's prompt holds the first round's answer as the template renders history."""
+    row = json.loads((REPO / "data" / "prompts" / "kimi_mini_tools.jsonl").read_text().splitlines()[0])
+    first, second = tool_call_rounds(tok, row, thinking=True)
+    call = row["messages"][1]["tool_calls"][0]
+    written = (
+        f"<think>{REASONING_OPENER} {row['messages'][1]['reasoning_content']}</think>"
+        f"<|tool_calls_section_begin|><|tool_call_begin|>{call['id']}<|tool_call_argument_begin|>"
+        f"{json.dumps(json.loads(call['function']['arguments']))}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    )
+    assert first.endswith("<|im_assistant|>assistant<|im_middle|>" + written)
+    assert "<|im_system|>tool_declare<|im_middle|>" in first
+    assert written in second and f"## Return of {call['id']}" in second
+    instant = tool_call_rounds(tok, row, thinking=False)[0]
+    assert instant.endswith(
+        "<think></think><|tool_calls_section_begin|>" + written.split("<|tool_calls_section_begin|>")[1]
+    )
 
 
 def test_rejects_bad_input(tmp_path):

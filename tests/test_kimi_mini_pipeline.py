@@ -118,7 +118,20 @@ def test_its_remote_code_runs_only_from_a_pinned_commit(kimi_mini_run):
     ]
 
 
+def _as_served(messages: list[dict]) -> list[dict]:
+    """Messages as vLLM's server hands them to the template: tool-call arguments as objects."""
+    return [
+        {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                             for c in m["tool_calls"]]} if m.get("tool_calls") else m
+        for m in messages
+    ]  # fmt: skip
+
+
 def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):
+    """Every prompt vLLM rendered, the first and each round of a tool loop, in either mode, is
+    the template's render of the recorded conversation through the remote-code tokenizer: the
+    reasoning sent back under `reasoning` reached the template, the calls as the engine parsed
+    them, the mode's switch at the top level of the request."""
     from eaglenest.target.resolve import load_target, load_tokenizer
 
     run = kimi_mini_run["run_dir"]
@@ -130,10 +143,20 @@ def test_tokenize_and_vllm_use_the_same_remote_code_tokenizer(kimi_mini_run):
     rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
     assert rows
     for row in rows:
-        text = tok.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
-        assert tok(text, add_special_tokens=False)["input_ids"] == row["prompt_token_ids"], row["id"]
+        for generation in row["generations"]:
+            history = _as_served(row["messages"][: generation["messages_before"]])
+            text = tok.apply_chat_template(
+                history,
+                tools=row.get("tools"),
+                tokenize=False,
+                add_generation_prompt=True,
+                **row.get("chat_template_kwargs", {}),
+            )
+            assert tok(text, add_special_tokens=False)["input_ids"] == generation["prompt_token_ids"], row[
+                "id"
+            ]
     meta = json.loads((run / "tokenized" / "metadata.json").read_text())
-    assert meta["mask_method"]["served_token_ids"] == len(rows)
+    assert meta["mask_method"]["served_token_ids"] == meta["samples_out"]
 
 
 def test_regeneration_captured_the_reasoning(kimi_mini_run):
@@ -141,8 +164,9 @@ def test_regeneration_captured_the_reasoning(kimi_mini_run):
 
     run = kimi_mini_run["run_dir"]
     rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
-    with_reasoning = [r for r in rows if (r["messages"][-1].get("reasoning_content") or "").strip()]
-    assert len(with_reasoning) >= 0.5 * len(rows)
+    thinking = [r for r in rows if r["mode"] == "thinking" and "tools" not in r]
+    with_reasoning = [r for r in thinking if (r["messages"][-1].get("reasoning_content") or "").strip()]
+    assert len(with_reasoning) >= 0.3 * len(thinking)
     # The draft trains on what the target emitted: its reasoning tokens are loss-masked.
     tok = load_tokenizer(load_target(run / "target.json").path, trust_remote_code=True)
     think_end = tok.convert_tokens_to_ids("</think>")
@@ -150,7 +174,45 @@ def test_regeneration_captured_the_reasoning(kimi_mini_run):
     masked_think_ends = sum(
         1 for r in data for t, m in zip(r["input_ids"], r["loss_mask"]) if t == think_end and m
     )
-    assert masked_think_ends >= 0.5 * len(data)
+    assert masked_think_ends >= 0.5 * len(thinking)
+    meta = json.loads((run / "tokenized" / "metadata.json").read_text())
+    assert meta["supervised_tokens"]["by_mode"]["thinking"]["reasoning"] > 0
+
+
+def test_tool_loops_ran_through_vllms_kimi_parsers_in_both_modes(kimi_mini_run):
+    """The miniature answers its tools rows in Kimi's native call markup; vLLM's kimi_k2 parser
+    returns the calls, the loop sends the recorded results back and the target answers again;
+    instant rows carry their switch; the call markup is supervised and has draft slots."""
+    from eaglenest.target.resolve import load_target, load_tokenizer
+
+    run = kimi_mini_run["run_dir"]
+    rows = [r for r in read_jsonl(run / "responses" / "raw_responses.jsonl") if "error" not in r]
+    tools = [r for r in rows if "tools" in r]
+    assert tools and {r["mode"] for r in tools} == {"thinking", "instant"}
+    tok = load_tokenizer(load_target(run / "target.json").path, trust_remote_code=True)
+    section = tok.convert_tokens_to_ids("<|tool_calls_section_begin|>")
+    calling = [r for r in tools if section in r["generations"][0]["completion_token_ids"]]
+    assert len(calling) >= 0.5 * len(tools)
+    for row in calling:  # parsed by the engine: native ids, the name after them
+        call = row["messages"][row["generations"][0]["messages_before"]]
+        assert call["tool_calls"][0]["id"].startswith(
+            f"functions.{call['tool_calls'][0]['function']['name']}:"
+        )
+    looped = [r for r in tools if len(r["generations"]) >= 2]
+    assert looped, "no tool loop went past its first call"
+    for row in looped:
+        second = row["messages"][row["generations"][1]["messages_before"] - 1]
+        assert second["role"] == "tool"
+    for row in rows:
+        assert row.get("chat_template_kwargs") == ({"thinking": False} if row["mode"] == "instant" else None)
+    meta = json.loads((run / "tokenized" / "metadata.json").read_text())
+    assert meta["records"]["by_class"]["tool"] == len(tools)
+    assert meta["generations"] == sum(len(r["generations"]) for r in rows)
+    assert sum(meta["tool_loops_cut"].values()) == sum(r["cut"] is not None for r in rows)
+    for mode in ("thinking", "instant"):
+        assert meta["supervised_tokens"]["by_mode"][mode]["tool_call"] > 0, mode
+    forced = json.loads((run / "vocab" / "vocab_coverage.json").read_text())["forced_special_tokens"]
+    assert {"<|tool_calls_section_begin|>", "<|tool_call_end|>", "<|im_end|>"} <= set(forced.values())
 
 
 def test_nothing_to_do_after_the_run(kimi_mini_run):

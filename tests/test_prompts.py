@@ -619,9 +619,7 @@ def test_modes_split_the_prompts_by_share_and_a_row_keeps_its_own(tmp_path):
 def test_bfcl_source_reads_the_training_part_with_tools(tmp_path):
     from eaglenest.data import bfcl
 
-    stats, train, _ = run(
-        tmp_path, [{"name": "bfcl", "type": "bfcl", "categories": ["parallel"], "samples": 20}]
-    )
+    _, train, _ = run(tmp_path, [{"name": "bfcl", "type": "bfcl", "categories": ["parallel"], "samples": 20}])
     assert len(train) == 20 and all(r["tools"] and r["tools"][0]["type"] == "function" for r in train)
     held_out = {bfcl.question_key(r["messages"]) for r in bfcl.read_entries(["parallel"], part="benchmark")}
     assert not held_out & {bfcl.question_key(r["messages"]) for r in train}

@@ -14,10 +14,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import json
 from unittest import mock
 
-import numpy as np
 import pytest
 import test_chat_templates
-from test_chat_templates import expected_tokens, run_stage
+from test_chat_templates import assert_every_turn_masked, assert_tokens, expected_tokens, run_stage
 from tool_families import (
     KIMI_CONVERSATIONS,
     TOOL_FAMILIES,
@@ -94,30 +93,12 @@ def test_tokenize_stage_masks_tool_loops_as_the_template_writes_them(family, tmp
             where = f"{fam.name}/{c}/{mode}"
             segments, fates = fam.expect(conv, TOOLS, kwargs)
             text, ids, mask = expected_tokens(tok, segments)
-            row = data[_row_id(c, mode)]
-            assert tok.decode(row["input_ids"]) == text, where
-            assert row["input_ids"] == ids.tolist(), where
-            got = np.asarray(row["loss_mask"], dtype=np.uint8)
-            if not np.array_equal(got, mask):
-                bad = int(np.flatnonzero(got != mask)[0])
-                raise AssertionError(
-                    f"{where}: mask differs at token {bad} "
-                    f"({tok.decode(ids[max(0, bad - 3) : bad + 3])!r}): "
-                    f"expected {mask[max(0, bad - 3) : bad + 3]}, got {got[max(0, bad - 3) : bad + 3]}"
-                )
+            assert_tokens(tok, data[_row_id(c, mode)], text, ids, mask, where)
             n_turns += len(fates)
             for f in fates:
                 if f != "none":
                     fates_seen[f] += 1
-    assert meta["assistant_turns"] == {
-        "total": n_turns,
-        "masked": n_turns,
-        "unmasked": 0,
-        "context_by_policy": 0,
-    }
-    assert meta["reasoning"]["assistant_turns_with_reasoning"] == sum(fates_seen.values())
-    assert {k: meta["reasoning"][k] for k in fates_seen} == fates_seen
-    assert meta["reasoning"]["passed_as"] == fam.passed_as
+    assert_every_turn_masked(meta, n_turns, fates_seen, fam.passed_as)
 
 
 def _tok(name, tmp_path):
@@ -249,7 +230,11 @@ def _served_loop(tok, appends: bool):
     template's render of the question, then ids the model emitted (its call, ended by the
     end-of-turn token), the tool result, its answer."""
     user = {"role": "user", "content": "Weather in Paris?"}
-    call = {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    call = {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
     messages = [
         user,
         {"role": "assistant", "content": "", "reasoning_content": "Ask the tool.", "tool_calls": [call]},
@@ -258,12 +243,21 @@ def _served_loop(tok, appends: bool):
     ]
     ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     p0 = tok.apply_chat_template([user], tools=TOOLS, add_generation_prompt=True, tokenize=False)
-    c0 = ids('<think>\nAsk the tool.\n</think>\n\n<tool_call>\n{"name": "get_weather"}\n</tool_call><|im_end|>')
-    tool_block = ids("\n<|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    c0 = ids(
+        '<think>\nAsk the tool.\n</think>\n\n<tool_call>\n{"name": "get_weather"}\n</tool_call><|im_end|>'
+    )
+    tool_block = ids(
+        "\n<|im_start|>user\n<tool_response>\nSunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     c1 = ids("<think>\nDone.\n</think>\n\nIt is sunny.<|im_end|>")
     p1 = ids(p0) + (c0 if appends else c0[:-1]) + tool_block
     generations = [
-        {"messages_before": 1, "prompt_token_ids": ids(p0), "completion_token_ids": c0, "finish_reason": "tool_calls"},
+        {
+            "messages_before": 1,
+            "prompt_token_ids": ids(p0),
+            "completion_token_ids": c0,
+            "finish_reason": "tool_calls",
+        },
         {"messages_before": 3, "prompt_token_ids": p1, "completion_token_ids": c1, "finish_reason": "stop"},
     ]
     row = {"id": "loop", "messages": messages, "tools": TOOLS, "generations": generations, "mode": "thinking"}

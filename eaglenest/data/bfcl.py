@@ -70,6 +70,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import iter_jsonl
 
 PACKAGE = "bfcl-eval"
 VERSION = "2026.3.23"  # the release envs/requirements-models.txt pins
@@ -232,20 +233,13 @@ def read_entries(categories: Iterable[str] = CATEGORIES, part: str = "all") -> I
 
 def _rows(files: list[tuple[str, Path]], part: str) -> Iterator[dict]:
     for category, path in files:
-        with path.open(encoding="utf-8") as f:
-            for line_number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise EaglenestError(f"line {line_number}: not JSON ({e.msg})", path) from None
-                try:
-                    row = _row(entry, category)
-                except EaglenestError as e:
-                    raise EaglenestError(f"line {line_number}: {e.problem}", path) from None
-                if part == "all" or is_benchmark_entry(row["messages"]) == (part == "benchmark"):
-                    yield row
+        for number, entry in enumerate(iter_jsonl(path), 1):
+            try:
+                row = _row(entry, category)
+            except EaglenestError as e:
+                raise EaglenestError(f"entry {number}: {e.problem}", path) from None
+            if part == "all" or is_benchmark_entry(row["messages"]) == (part == "benchmark"):
+                yield row
 
 
 def _row(entry: dict, category: str) -> dict:

@@ -33,6 +33,7 @@ from eaglenest.data.benchmarks import (
     target_steps,
     turn_messages,
 )
+from eaglenest.data.modes import DEFAULT_MODE, checked_modes
 from eaglenest.draft.algorithms import folder_algorithm, trains_embeddings, vllm_speculative_config
 from eaglenest.engine.server import SERVED_NAME, Server, ServerError, ServerSpec, StallWatch, serving
 from eaglenest.target.resolve import load_tokenizer
@@ -96,7 +97,9 @@ def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: 
                 messages=p["messages"],
                 max_tokens=max_tokens,
                 temperature=0.0,
-                extra_body={"return_token_ids": True, "ignore_eos": False},
+                # The client sends extra_body's keys at the top level of the request, where vLLM
+                # reads chat_template_kwargs (the prompt's mode).
+                extra_body={"return_token_ids": True, "ignore_eos": False, **_mode_fields(p)},
             )
         except openai.APIError as e:
             watch.check(e)
@@ -255,8 +258,32 @@ def make_untrained_draft(trained_dir, out_dir, target_dir, seed: int = 0) -> Pat
     return Path(out_dir)
 
 
-def load_eval_prompts(path) -> list[dict]:
-    return [{"id": r["id"], "messages": r["messages"]} for r in iter_jsonl(path)]
+def load_eval_prompts(path, modes=None) -> list[dict]:
+    """The held-out prompts, each with its tools and its mode's template switches."""
+    by_name = {m["name"]: m for m in checked_modes(modes)}
+    prompts = []
+    for r in iter_jsonl(path):
+        mode = r.get("mode") or DEFAULT_MODE
+        if mode not in by_name:
+            raise EaglenestError(f"prompt {r['id']}: mode {mode!r} is not configured", path)
+        prompt = {"id": r["id"], "messages": r["messages"], "mode": mode}
+        if by_name[mode]["chat_template_kwargs"]:
+            prompt["chat_template_kwargs"] = by_name[mode]["chat_template_kwargs"]
+        if r.get("tools"):
+            prompt["tools"] = r["tools"]
+        prompts.append(prompt)
+    return prompts
+
+
+def _mode_fields(prompt: dict) -> dict:
+    """A prompt's request fields besides its messages: its mode's switches, and its tools (with
+    tool_choice none: evaluation measures the answer, it runs no tool loop)."""
+    fields = {}
+    if prompt.get("chat_template_kwargs"):
+        fields["chat_template_kwargs"] = prompt["chat_template_kwargs"]
+    if prompt.get("tools"):
+        fields.update(tools=prompt["tools"], tool_choice="none")
+    return fields
 
 
 def plot_per_position(results: dict, out_png, title: str = "Per-position acceptance") -> None:
@@ -309,11 +336,13 @@ def write_table(results: dict, out_csv) -> None:
         df.to_csv(tmp, index=False)
 
 
-def _evaluation_inputs(target, metadata_path, prompts_path, benchmarks_path) -> tuple[list[dict], list[dict]]:
+def _evaluation_inputs(
+    target, metadata_path, prompts_path, benchmarks_path, modes=None
+) -> tuple[list[dict], list[dict]]:
     """The held-out prompts and the benchmark conversations, once the chat template is checked."""
     meta = read_json(metadata_path)
     check_template(target, meta.get("chat_template_hash"), metadata_path)
-    prompts = load_eval_prompts(prompts_path)
+    prompts = load_eval_prompts(prompts_path, modes)
     if not prompts:
         raise EaglenestError("no held-out prompts to evaluate on", prompts_path)
     conversations = read_jsonl(benchmarks_path) if benchmarks_path else []
@@ -445,6 +474,7 @@ def evaluate_stage(
     out_request_png=None,
     methods=METHODS,
     reference_outputs=None,
+    modes=None,
 ) -> dict:
     """The `evaluate_acceptance` rule: each of `methods` on one server each, the held-out
     prompts then every benchmark conversation of `benchmarks_path` (eaglenest.data.benchmarks),
@@ -453,7 +483,7 @@ def evaluate_stage(
     earlier turns' answers come from the no_spec outputs in `reference_outputs`, an earlier
     evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.resolve.Target)."""
 
-    prompts, conversations = _evaluation_inputs(target, metadata_path, prompts_path, benchmarks_path)
+    prompts, conversations = _evaluation_inputs(target, metadata_path, prompts_path, benchmarks_path, modes)
     # no_spec's outputs by (set, id, turn): the reference every method must equal, and the
     # answers a conversation's later turns are asked after.
     answers = {} if "no_spec" in methods else reference_answers(reference_outputs, prompts, conversations)
@@ -538,7 +568,14 @@ def room_for_answer(server: Server, prompts: list[dict], max_tokens: int) -> lis
     template it serves), leaves `max_tokens` within its max_model_len."""
     fits = []
     for p in prompts:
-        body = json.dumps({"model": SERVED_NAME, "messages": p["messages"], "add_generation_prompt": True})
+        body = json.dumps(
+            {
+                "model": SERVED_NAME,
+                "messages": p["messages"],
+                "add_generation_prompt": True,
+                **_mode_fields(p),
+            }
+        )
         request = urllib.request.Request(
             f"{server.base_url}/tokenize",
             data=body.encode(),

@@ -19,13 +19,15 @@ from eaglenest.target.tiny import build_tiny_target
 log = logging.getLogger(__name__)
 
 
-def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
+def build_stage(*, target: str, cache_dir, corpus, shape: dict, tool_corpus=()) -> None:
     """The `build_tiny_target` rule: the tiny Llama into its folder, or the Kimi-K2.5
     miniature published into the hub cache under its hub id (as a download would leave it), so
     the workflow then resolves it exactly as it resolves `moonshotai/Kimi-K2.5`."""
     shape = dict(shape)
     architecture = shape.pop("architecture", "llama")
     if architecture == "llama":
+        if tool_corpus:
+            raise EaglenestError("target.build_tiny.tool_corpus applies to the kimi_k25 architecture only")
         build_tiny_target(target, [corpus], **shape)
         return
     if "intermediate_size" in shape:
@@ -39,6 +41,6 @@ def build_stage(*, target: str, cache_dir, corpus, shape: dict) -> None:
     cache = hub_cache_dir(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
-        folder = build_kimi_mini(Path(tmp) / "model", [corpus], **shape)
+        folder = build_kimi_mini(Path(tmp) / "model", [corpus], tool_files=list(tool_corpus), **shape)
         commit = publish_to_hub_cache(folder, target, cache_dir)
     log.info("published %s at commit %s into %s", target, commit, cache)

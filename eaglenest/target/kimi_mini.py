@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import atomic_path
+from eaglenest.core.io import atomic_path, iter_jsonl
 from eaglenest.target.resolve import BUILD_MARKER, BUILDERS
 from eaglenest.target.tiny import corpus_from_prompts
 
@@ -299,11 +299,13 @@ def text_model(config: dict, seed: int):
 
 
 def training_stream(
-    tokenizer, texts: list[str], *, reasoning_texts: int = 1, answer_texts: int = 2
+    tokenizer, texts: list[str], tool_rows=(), *, reasoning_texts: int = 1, answer_texts: int = 2
 ) -> list[int]:
-    """The corpus as thinking chat turns, one token stream: the generation prompt for text i,
-    then what the served model should write after it: `<think>` the next text `</think>` the
-    ones after it, one per line, `<|im_end|>`.
+    """The corpus as chat turns in both modes, one token stream: the generation prompt for text
+    i, then what the served model should write after it: `<think>` the next text `</think>` the
+    ones after it, one per line, `<|im_end|>`; every third text in instant mode (`thinking:
+    false`: the prompt closes the think block, the answer follows) every INSTANT_EVERY-th text. Then each tool-calling
+    conversation of `tool_rows`, in both modes, round by round (`tool_call_rounds`).
 
     Short sections on purpose: with one reasoning text and two answer lines, the end of a text
     is mostly followed by a closing marker, which a model this small learns in 300 steps; with
@@ -311,14 +313,86 @@ def training_stream(
     n = len(texts)
     stream: list[int] = []
     for i in range(n):
+        instant = i % INSTANT_EVERY == INSTANT_EVERY - 1
         prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": texts[i]}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": texts[i]}],
+            tokenize=False,
+            add_generation_prompt=True,
+            **({"thinking": False} if instant else {}),
         )
         reasoning = " ".join(texts[(i + 1 + j) % n] for j in range(reasoning_texts))
         answer = "\n".join(texts[(i + 1 + reasoning_texts + j) % n] for j in range(answer_texts))
-        turn = f"{prompt}<think>{reasoning}</think>{answer}<|im_end|>"
+        turn = (
+            f"{prompt}{answer}<|im_end|>"
+            if instant
+            else f"{prompt}<think>{reasoning}</think>{answer}<|im_end|>"
+        )
         stream += tokenizer(turn, add_special_tokens=False)["input_ids"]
+    for thinking, repeats in ((True, TOOL_REPEATS), (False, 1)):
+        for _ in range(repeats):
+            for row in tool_rows:
+                for text in tool_call_rounds(tokenizer, row, thinking):
+                    stream += tokenizer(text, add_special_tokens=False)["input_ids"]
     return stream
+
+
+# Up to `<think>` a thinking and an instant turn are the same tokens (the instant prompt closes
+# the block at once), so what follows `<think>` is one guess for both modes. Greedy decoding takes
+# the likeliest token: a single `</think>` beat the many first words of reasoning texts, and the
+# model stopped reasoning in thinking mode. So the miniature opens its reasoning with the same
+# words, as real reasoning models habitually do, and instant turns stay a minority (every
+# INSTANT_EVERY-th chat text; each tool conversation once in instant mode, TOOL_REPEATS times in
+# thinking mode, as they are few).
+REASONING_OPENER = "Let me think."
+INSTANT_EVERY = 6
+TOOL_REPEATS = 2
+
+
+def tool_call_rounds(tokenizer, row: dict, thinking: bool) -> list[str]:
+    """A tool-calling conversation as the served model meets it, one text per generation: the
+    prompt as the template renders it (tools declared, earlier rounds and their results), then
+    what the model writes: its reasoning (thinking mode), its calls in Kimi's native markup
+    (`functions.NAME:i` ids, arguments as JSON), `<|im_end|>`; the last round its answer."""
+    messages = row["messages"]
+    switch = {} if thinking else {"thinking": False}
+
+    def reasoning(message: dict) -> str:  # as the model writes it in this mode
+        return f"{REASONING_OPENER} {message.get('reasoning_content', '')}" if thinking else ""
+
+    rounds = []
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        history = [
+            {
+                **m,
+                "reasoning_content": reasoning(m),
+                **({"tool_calls": _calls_as_objects(m["tool_calls"])} if m.get("tool_calls") else {}),
+            }
+            if m["role"] == "assistant"
+            else m
+            for m in messages[:k]
+        ]
+        prompt = tokenizer.apply_chat_template(
+            history, tools=row["tools"], tokenize=False, add_generation_prompt=True, **switch
+        )
+        think = f"<think>{reasoning(message)}</think>" if thinking else ""
+        calls = "".join(
+            f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>"
+            f"{json.dumps(json.loads(c['function']['arguments']))}<|tool_call_end|>"
+            for c in message.get("tool_calls", ())
+        )
+        section = f"<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>" if calls else ""
+        rounds.append(f"{prompt}{think}{message['content']}{section}<|im_end|>")
+    return rounds
+
+
+def _calls_as_objects(calls: list[dict]) -> list[dict]:
+    # As vLLM's server hands them to the template: arguments parsed into objects.
+    return [
+        {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+        for c in calls
+    ]
 
 
 def pretrain(
@@ -460,6 +534,7 @@ def build_kimi_mini(
     out_dir,
     corpus_files,
     *,
+    tool_files=(),
     num_layers: int = 8,
     hidden_size: int = 64,
     bpe_vocab_size: int = 1024,
@@ -471,7 +546,16 @@ def build_kimi_mini(
     from safetensors.torch import save_file
 
     _check_sizes(num_layers, hidden_size, bpe_vocab_size, pretrain_steps)
-    texts = corpus_from_prompts(list(corpus_files))
+    tool_rows = [row for path in tool_files for row in iter_jsonl(path)]
+    texts = (
+        corpus_from_prompts(list(corpus_files) + list(tool_files))
+        + [REASONING_OPENER]
+        + [
+            json.dumps(row["tools"])
+            + "".join(m["function"]["arguments"] for r in row["messages"] for m in r.get("tool_calls", ()))
+            for row in tool_rows
+        ]
+    )
     started = time.monotonic()
     with atomic_path(out_dir, is_dir=True) as tmp:
         tmp.chmod(0o755)
@@ -486,7 +570,8 @@ def build_kimi_mini(
         losses = []
         if pretrain_steps:
             tokenizer = getattr(tokenizer_module(), TOKENIZER_CLASS).from_pretrained(tmp)
-            losses = pretrain(model, training_stream(tokenizer, texts), steps=pretrain_steps, seed=seed)
+            stream = training_stream(tokenizer, texts[: len(texts) - len(tool_rows) - 1], tool_rows)
+            losses = pretrain(model, stream, steps=pretrain_steps, seed=seed)
             log.info("kimi mini trained %d steps: loss %.2f -> %.2f", pretrain_steps, losses[0], losses[-1])
         save_file(hub_weights(model, config, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "model.safetensors").chmod(0o644)  # safetensors writes it private
