@@ -102,7 +102,11 @@ def config_page() -> str:
         "",
     ]
     for top in [k for k in keys if "." not in k["key"]]:
-        section = [k for k in keys if k["key"] == top["key"] or k["key"].startswith(top["key"] + ".")]
+        section = [
+            k
+            for k in keys
+            if k["key"] == top["key"] or k["key"].startswith((top["key"] + ".", top["key"] + "[]."))
+        ]
         lines += [f"## {top['key']}", ""]
         if top["spec"].get("description"):
             lines += [cell(top["spec"]["description"]), ""]
