@@ -19,9 +19,9 @@ import torch
 from eaglenest.core.errors import EaglenestError
 from eaglenest.data.chat_turns import ChatTurns
 from eaglenest.data.tokenize import (
+    Renderers,
     assistant_mask,
     chat_template_hash,
-    Renderers,
     encode_rows,
     prepare_messages,
     tokenize_stage,
