@@ -60,7 +60,9 @@ def run_eaglenest(server, prompts_file: Path, target: str, sampling: dict, concu
     seconds = time.perf_counter() - t0
     assert counts["failed"] == 0, counts
     tokens = sum(
-        len(g["completion_token_ids"]) for line in out.read_text().splitlines() for g in json.loads(line)["generations"]
+        len(g["completion_token_ids"])
+        for line in out.read_text().splitlines()
+        for g in json.loads(line)["generations"]
     )
     return tokens, seconds
 

@@ -18,7 +18,9 @@ if BUILD_TINY:
         params:
             target=TARGET,
             cache_dir=TARGET_CACHE,
-            shape={k: v for k, v in config["target"]["build_tiny"].items() if k not in ("corpus", "tool_corpus")},
+            shape={
+                k: v for k, v in config["target"]["build_tiny"].items() if k not in ("corpus", "tool_corpus")
+            },
             corpus_digest=repository_digests([tiny_target_corpus(), *tiny_target_tool_corpus()]),
             code=code_hash("build_tiny_target", leave_out=TINY_BUILDERS_NOT_USED),
         script:
