@@ -241,8 +241,10 @@ def test_kimi_plan_is_offline_and_estimates_from_config(workflow, monkeypatch, c
     assert [s["rule"] for s in plan["gpu_order"]] == GPU_ORDER
     assert plan["gpu_order"][1]["jobs"] == 100
     hs = plan["hidden_states"]
-    assert (hs["samples"], hs["tokens_per_sample"], hs["hidden_size"]) == (9800, 2000, 7168)
-    assert hs["bytes"] == 9800 * 2000 * 4 * 7168 * 2
+    cfg = yaml.safe_load((workflow / "config" / "kimi-k2.5.yaml").read_text())
+    samples = sum(s["samples"] for s in cfg["prompts"]["sources"]) - cfg["prompts"]["eval_samples"]
+    assert (hs["samples"], hs["tokens_per_sample"], hs["hidden_size"]) == (samples, 2000, 7168)
+    assert hs["bytes"] == samples * 2000 * 4 * 7168 * 2
     assert hs["basis"].startswith("estimate")
     # The seed case exports to SGLang too, and the plan says what that changes in training.
     assert plan["exports"] == ["vllm", "sglang"]

@@ -56,7 +56,7 @@ def conversation(row: dict, index: int) -> dict:
             raise UnusableRow("malformed", "'turns' must be a non-empty list of texts")
         system = []
     else:
-        messages = normalise_row(row)
+        messages = normalise_row(row)["messages"]
         system = [m for m in messages if m["role"] == "system"][:1]
         turns = [m["content"] for m in messages if m["role"] == "user"]
     rid = row.get("question_id", row.get("id", index))
