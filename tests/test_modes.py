@@ -5,6 +5,7 @@ import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import json
 import subprocess
 import sys
 
@@ -86,3 +87,27 @@ def test_planning_refuses_a_mode_the_miniature_template_ignores(tmp_path):
         -2000:
     ]
     assert str(config) in out
+
+
+def test_evaluation_asks_each_held_out_prompt_in_its_mode_with_its_tools(tmp_path):
+    """The request fields of a held-out prompt: its mode's switch (sent at the top level of the
+    body: the OpenAI client flattens extra_body) and its tools, which it only answers."""
+    from eaglenest.evaluation.evaluate import _mode_fields, load_eval_prompts
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    path = tmp_path / "eval_prompts.jsonl"
+    rows = [
+        {"id": "a", "mode": "instant", "messages": [{"role": "user", "content": "hi"}], "tools": tools},
+        {"id": "b", "mode": "thinking", "messages": [{"role": "user", "content": "hi"}]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    modes = [{"name": "thinking"}, {"name": "instant", "chat_template_kwargs": {"thinking": False}}]
+    a, b = load_eval_prompts(path, modes)
+    assert _mode_fields(a) == {
+        "chat_template_kwargs": {"thinking": False},
+        "tools": tools,
+        "tool_choice": "none",
+    }
+    assert _mode_fields(b) == {}
+    with pytest.raises(EaglenestError, match="mode 'instant' is not configured"):
+        load_eval_prompts(path, [{"name": "thinking"}])
