@@ -8,7 +8,7 @@ from pathlib import Path
 from snakemake.io import is_flagged
 from snakemake.utils import validate
 
-from eaglenest.data.benchmarks import benchmark_file, check_benchmarks
+from eaglenest.data.benchmarks import benchmark_files, check_benchmarks
 from eaglenest.data.modes import check_folder_switches, checked_modes
 from eaglenest.target.kimi_mini import ASSETS as KIMI_MINI_ASSETS
 from eaglenest.draft.algorithms import check_draft_plan, is_parallel
@@ -89,7 +89,7 @@ BENCHMARKS = config["evaluate"]["benchmarks"]
 try:
     GGUF_SOURCE = str(gguf_source(GGUF)) if GGUF else None
     check_benchmarks(BENCHMARKS)
-    BENCHMARK_FILES = [str(benchmark_file(b)) for b in BENCHMARKS]
+    BENCHMARK_FILES = sorted({str(f) for b in BENCHMARKS for f in benchmark_files(b)})
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
 try:

@@ -88,6 +88,8 @@ rule resolve_target:
 rule prepare_prompts:
     input:
         sources=prompt_source_files(),
+        # Their prompts never train.
+        benchmarks=BENCHMARK_FILES,
     output:
         train=f"{RUN}/prompts/prompts.jsonl",
         eval=f"{RUN}/prompts/eval_prompts.jsonl",
@@ -103,6 +105,7 @@ rule prepare_prompts:
         seed=config["prompts"]["seed"],
         # Only what decides which prompt gets which mode: switches and sampling are regeneration's.
         modes=[{"name": m["name"], "share": m.get("share", 1.0)} for m in config["modes"]],
+        benchmarks=BENCHMARKS,
         code=code_hash("prepare_prompts"),
     script:
         "../scripts/prepare_prompts.py"

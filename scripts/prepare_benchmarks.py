@@ -8,7 +8,6 @@ run_logged(
     sm.log[0],
     prepare_benchmarks_stage,
     specs=[dict(s) for s in sm.params.specs],
-    files=list(sm.input),
     seed=sm.params.seed,
     out_path=sm.output.conversations,
 )

@@ -1,5 +1,6 @@
 """Snakemake adapter for the prepare_prompts stage: see eaglenest.data.prompts."""
 
+from eaglenest.data.benchmarks import benchmark_prompts
 from eaglenest.data.prompts import prepare_stage
 from eaglenest.pipeline.workflow import run_logged
 
@@ -12,6 +13,7 @@ run_logged(
     eval_samples=p.eval_samples,
     seed=p.seed,
     modes=[dict(m) for m in p.modes],
+    benchmark_prompts=benchmark_prompts([dict(b) for b in p.benchmarks]),
     train_path=sm.output.train,
     eval_path=sm.output.eval,
     stats_path=sm.output.stats,

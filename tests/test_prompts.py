@@ -489,6 +489,7 @@ def test_snakemake_script_adapter(tmp_path):
             eval_samples=4,
             seed=1,
             modes=[{"name": "default"}],
+            benchmarks=[{"name": "mt_bench", "type": "mt_bench"}],
         ),
         output=SimpleNamespace(
             train=str(out / "prompts.jsonl"), eval=str(out / "eval.jsonl"), stats=str(out / "stats.json")

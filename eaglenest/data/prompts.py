@@ -71,7 +71,8 @@ role/content, a non-string content), ``unknown_role``, ``empty_conversation``, `
 ``empty_content`` (an empty user/assistant turn in the prompt), ``malformed_tools``,
 ``malformed_tool_call`` (no id or function name), ``tool_result_without_call`` (a tool message
 answering no call of the assistant turn before it), ``call_without_result`` (a call never
-answered), ``unknown_mode`` and ``duplicate``. A line of bad JSON in a local JSONL file is not a dropped row
+answered), ``unknown_mode``, ``benchmark_prompt`` (a user turn equal to a prompt of a configured
+benchmark, whitespace aside) and ``duplicate``. A line of bad JSON in a local JSONL file is not a dropped row
 but an error naming the file and line.
 
 Ids, dedupe, sampling, split
@@ -127,6 +128,7 @@ DROP_REASONS = (
     "tool_result_without_call",
     "call_without_result",
     "unknown_mode",
+    "benchmark_prompt",
     "duplicate",
 )
 _EXAMPLES_PER_REASON = 5  # dropped rows named in prompts_stats.json, per reason
@@ -321,6 +323,11 @@ def normalise_row(row: dict, modes: tuple[str, ...] | None = None) -> dict:
     return prompt
 
 
+def prompt_key(text: str) -> str:
+    """A user text as it is compared with benchmark prompts: whitespace runs made one space."""
+    return " ".join(text.split())
+
+
 def prompt_id(messages: list[dict], tools: list[dict] | None = None) -> str:
     """Stable id: sha256 of the messages' canonical JSON (with the tools, where declared), first
     16 hex digits."""
@@ -450,7 +457,9 @@ def _checked_sources(sources) -> list[dict]:
     return checked
 
 
-def _usable_rows(raw, name: str, seen: set[str], modes: list[dict], seed: int):
+def _usable_rows(
+    raw, name: str, seen: set[str], modes: list[dict], seed: int, exclude: frozenset = frozenset()
+):
     """A source's rows normalised, less the unusable and those `seen` already (which it extends):
     (usable rows, drops by reason, up to five dropped rows named per reason, rows read)."""
     drops = dict.fromkeys(DROP_REASONS, 0)
@@ -469,6 +478,11 @@ def _usable_rows(raw, name: str, seen: set[str], modes: list[dict], seed: int):
                 rid = row.get("id") if isinstance(row, dict) else None
                 named.append(f"row {n_in}" + (f" (id {rid!r})" if rid is not None else "") + f": {d}")
             continue
+        if exclude and any(
+            prompt_key(m["content"]) in exclude for m in prompt["messages"] if m["role"] == "user"
+        ):
+            drops["benchmark_prompt"] += 1
+            continue
         pid = prompt_id(prompt["messages"], prompt.get("tools"))
         if pid in seen:
             drops["duplicate"] += 1
@@ -479,9 +493,10 @@ def _usable_rows(raw, name: str, seen: set[str], modes: list[dict], seed: int):
     return usable, drops, examples, n_in
 
 
-def collect(sources: list[dict], seed: int, modes=None) -> tuple[list[dict], dict, dict]:
+def collect(sources: list[dict], seed: int, modes=None, exclude=frozenset()) -> tuple[list[dict], dict, dict]:
     """Read, normalise, dedupe and sample all sources; return (rows, per-source stats, drops).
-    Each row gets its own `mode` or one drawn by the modes' shares."""
+    Each row gets its own `mode` or one drawn by the modes' shares; a row with a user turn in
+    `exclude` (benchmark prompts, as `prompt_key` gives them) is left out."""
     checked = _checked_sources(sources)
     modes = checked_modes(modes)
 
@@ -492,7 +507,7 @@ def collect(sources: list[dict], seed: int, modes=None) -> tuple[list[dict], dic
     for src in checked:
         name = src["name"]
         raw, path = read_source(src)
-        usable, drops, examples, n_in = _usable_rows(raw, name, seen, modes, seed)
+        usable, drops, examples, n_in = _usable_rows(raw, name, seen, modes, seed, frozenset(exclude))
         if not usable:
             why = ", ".join(f"{k}={v}" for k, v in drops.items() if v) or "it has no rows"
             raise EaglenestError(
@@ -545,12 +560,21 @@ def split_eval(rows: list[dict], eval_samples: int, seed: int) -> tuple[list[dic
 
 
 def prepare_stage(
-    sources: list[dict], eval_samples: int, seed: int, train_path, eval_path, stats_path, modes=None
+    sources: list[dict],
+    eval_samples: int,
+    seed: int,
+    train_path,
+    eval_path,
+    stats_path,
+    modes=None,
+    benchmark_prompts=frozenset(),
 ) -> dict:
-    """Run the stage: write train/eval prompts and their stats; return the stats."""
+    """Run the stage: write train/eval prompts and their stats; return the stats. A row asking
+    one of `benchmark_prompts` (the configured benchmarks' user turns, `prompt_key`) is left out
+    and counted (`benchmark_prompt`): what evaluation measures never trains."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise EaglenestError(f"prompts: 'seed' must be an integer, got {seed!r}")
-    rows, per_source, drops = collect(sources, seed, modes)
+    rows, per_source, drops = collect(sources, seed, modes, benchmark_prompts)
     train, evals = split_eval(rows, eval_samples, seed)
     stats = {
         "seed": seed,

@@ -540,6 +540,7 @@ def ask_conversations(
                 "messages": turn_messages(
                     c, turn, [answers[(c["benchmark"], c["id"], t)]["text"] for t in range(turn)]
                 ),
+                **({"tools": c["tools"]} if c.get("tools") else {}),
             }
             for c in asked
         ]
