@@ -10,6 +10,7 @@ from snakemake.utils import validate
 
 from eaglenest.data.benchmarks import benchmark_files, check_benchmarks
 from eaglenest.data.modes import check_folder_switches, checked_modes
+from eaglenest.engine.dtypes import choose_dtypes
 from eaglenest.target.kimi_mini import ASSETS as KIMI_MINI_ASSETS
 from eaglenest.draft.algorithms import check_draft_plan, is_parallel
 from eaglenest.draft.config import check_sglang_target
@@ -40,6 +41,12 @@ try:
     validate(config, schema="../config/schemas/config.schema.yaml")
 except WorkflowError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)} does not match the schema", e)
+
+# `auto` dtypes resolved for the machine that plans (eaglenest.engine.dtypes): bfloat16 only
+# where it is computed natively, else float32; the resolved values are what every rule's params
+# hold, and `eaglenest plan` states why.
+DTYPES = choose_dtypes(config["vllm"]["dtype"], config["train"]["dtype"], config["vllm"]["device"])
+config["vllm"]["dtype"], config["train"]["dtype"] = DTYPES["vllm"], DTYPES["train"]
 
 RUN = config["run_dir"]
 TARGET = config["target"]["path"]

@@ -443,3 +443,34 @@ def test_config_entries_mean_what_they_mean_to_snakemake():
     assert parse_config_entries(["flag=true"]) == {"flag": "true"}
     with pytest.raises(EaglenestError, match="--config"):
         parse_config_entries(["no_equals_sign"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "serves"),
+    [({"avx2", "avx512f"}, "float32"), ({"avx2", "avx512_bf16"}, "bfloat16"), ({"amx_bf16"}, "bfloat16")],
+)
+def test_auto_dtype_follows_the_cpus_bfloat16_and_the_plan_says_why(
+    workflow, monkeypatch, capsys, flags, serves
+):
+    """config/smollm2.yaml serves in `auto`: on a CPU without native bfloat16 (an AVX2 EPYC) it
+    serves in float32 unasked, where bfloat16 is native in bfloat16; an explicit dtype stays."""
+    from eaglenest.engine import dtypes
+
+    monkeypatch.setattr(dtypes, "cpu_flags", lambda cpuinfo=dtypes.CPUINFO: set(flags))
+    monkeypatch.setattr(dtypes, "has_gpu", lambda: False)
+    monkeypatch.chdir(workflow)
+    assert cli.main(["plan", "--configfile", "config/smollm2.yaml", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["dtypes"]["vllm"] == serves
+    assert plan["dtypes"]["train"] == "float32"  # configured so: kept
+    assert "vllm.dtype " + serves + " (auto on a CPU" in plan["dtypes"]["reason"]
+    assert "train.dtype float32 (as configured)" in plan["dtypes"]["reason"]
+    assert f"Dtypes: vllm.dtype {serves} (auto on a CPU" in format_plan(plan)
+
+
+def test_an_explicit_dtype_is_kept_and_a_gpu_serves_in_the_models_own():
+    from eaglenest.engine.dtypes import choose_dtypes
+
+    assert choose_dtypes("bfloat16", "bfloat16", "cpu", {"avx2"})["vllm"] == "bfloat16"
+    gpu = choose_dtypes("auto", "auto", "cuda", set())
+    assert (gpu["vllm"], gpu["train"]) == ("auto", "bfloat16")

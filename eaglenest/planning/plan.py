@@ -27,6 +27,7 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import human_bytes
+from eaglenest.engine.dtypes import choose_dtypes
 from eaglenest.pipeline.job_events import JobRecord, read_events
 from eaglenest.pipeline.job_order import gpu_stages, topological_order
 from eaglenest.pipeline.rerun_reasons import MISSING, OTHER, REASON_ORDER, UPSTREAM, classify_reason, clip
@@ -143,6 +144,7 @@ def make_plan(
         "hidden_states": estimate_hidden_states(cfg, workdir, rebuilding, basedir=sf.parent),
         "target": target_status(cfg, workdir),
         "exports": cfg["export"]["engines"],
+        "dtypes": choose_dtypes(cfg["vllm"]["dtype"], cfg["train"]["dtype"], cfg["vllm"]["device"]),
         "job_list": [asdict(j) | {"gpu": j.gpu} for j in jobs],
     }
 
@@ -169,6 +171,7 @@ def format_plan(plan: dict) -> str:
     lines.append("")
     lines += format_target(plan["target"])
     lines.append(format_exports(plan["exports"]))
+    lines.append(f"Dtypes: {plan['dtypes']['reason']}.")
     hs = plan["hidden_states"]
     lines.append("")
     if hs["bytes"] is None:
