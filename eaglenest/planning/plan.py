@@ -171,7 +171,8 @@ def format_plan(plan: dict) -> str:
     lines.append("")
     lines += format_target(plan["target"])
     lines.append(format_exports(plan["exports"]))
-    lines.append(f"Dtypes: {plan['dtypes']['reason']}.")
+    if plan.get("dtypes"):  # absent from a plan written before dtypes were chosen
+        lines.append(f"Dtypes: {plan['dtypes']['reason']}.")
     hs = plan["hidden_states"]
     lines.append("")
     if hs["bytes"] is None:
