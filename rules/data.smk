@@ -105,7 +105,8 @@ rule prepare_prompts:
         seed=config["prompts"]["seed"],
         # Only what decides which prompt gets which mode: switches and sampling are regeneration's.
         modes=[{"name": m["name"], "share": m.get("share", 1.0)} for m in config["modes"]],
-        benchmarks=BENCHMARKS,
+        # Keys sorted: the same benchmarks in another key order are no change.
+        benchmarks=[dict(sorted(b.items())) for b in BENCHMARKS],
         code=code_hash("prepare_prompts"),
     script:
         "../scripts/prepare_prompts.py"
