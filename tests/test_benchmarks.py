@@ -326,3 +326,57 @@ def test_a_training_prompt_equal_to_a_benchmark_prompt_is_left_out_and_counted(t
         benchmark_prompts=benchmark_prompts([{"name": "g", "type": "gsm8k", "samples": 3}]),
     )  # fmt: skip
     assert stats["dropped"]["benchmark_prompt"] == 2 and stats["kept"] == 2
+
+
+def test_held_out_figures_per_mode_and_traffic_class(tmp_path):
+    """A held-out split asked in two modes, with chat and tool prompts: acceptance.json's set
+    figures per mode and per traffic class, and benchmarks.csv's rows for each (their other
+    columns "all"), beside the set's own row; a set with one mode gets no per-mode rows."""
+    import pandas as pd
+
+    def out(rid, mode, traffic, tokens, accepted):
+        spec = {
+            "num_spec_steps": tokens - accepted - 1,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": 3 * (tokens - accepted - 1),
+            "acceptance_histogram": [0, 0, 0, 0],
+        }
+        return {"method": "draft", "set": "held_out", "category": "all", "id": rid, "turn": 0, "mode": mode,
+                "traffic": traffic, "prompt_tokens": 5, "completion_tokens": tokens, "spec": spec,
+                "token_ids": [1] * tokens, "text": "x"}  # fmt: skip
+
+    outs = [
+        out("a", "thinking", "chat", 40, 20),
+        out("b", "instant", "tool", 40, 10),
+        out("c", "instant", "chat", 40, 10),
+    ]
+    answers = {("held_out", o["id"], 0): o for o in outs}
+    fig = evaluate.set_figures(outs, 1.0, [], answers, k=3)
+    assert set(fig["per_mode"]) == {"thinking", "instant"} and set(fig["per_traffic"]) == {"chat", "tool"}
+    assert fig["per_mode"]["thinking"]["mean_acceptance_length"] == pytest.approx(40 / 20)
+    assert fig["per_mode"]["instant"]["mean_acceptance_length"] == pytest.approx(80 / 60)
+    mt = evaluate.set_figures(
+        [out("q", "default", "chat", 40, 20)],
+        1.0,
+        [],
+        {("held_out", "q", 0): out("q", "default", "chat", 40, 20)},
+        k=3,
+    )
+    assert "per_mode" not in mt
+    evaluate.write_set_table({"draft": {"held_out": fig, "mt_bench": mt}}, tmp_path / "sets.csv")
+    table = pd.read_csv(tmp_path / "sets.csv")
+    whole = table[(table["set"] == "held_out") & (table["mode"] == "all") & (table["traffic"] == "all")]
+    assert whole["mean_acceptance_length"].item() == pytest.approx(fig["mean_acceptance_length"])
+    instant = table[(table["set"] == "held_out") & (table["mode"] == "instant")]
+    assert (
+        instant["mean_acceptance_length"].item() == pytest.approx(80 / 60)
+        and instant["category"].item() == "all"
+    )
+    assert set(table[table["set"] == "held_out"]["traffic"]) == {"all", "chat", "tool"}
+    assert len(table[table["set"] == "mt_bench"]) == 1
+    rows = evaluate.request_rows(outs)
+    assert [(r["mode"], r["traffic"]) for r in rows] == [
+        ("thinking", "chat"),
+        ("instant", "tool"),
+        ("instant", "chat"),
+    ]

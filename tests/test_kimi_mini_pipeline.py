@@ -213,6 +213,14 @@ def test_tool_loops_ran_through_vllms_kimi_parsers_in_both_modes(kimi_mini_run):
         assert meta["supervised_tokens"]["by_mode"][mode]["tool_call"] > 0, mode
     forced = json.loads((run / "vocab" / "vocab_coverage.json").read_text())["forced_special_tokens"]
     assert {"<|tool_calls_section_begin|>", "<|tool_call_end|>", "<|im_end|>"} <= set(forced.values())
+    # The held-out split's acceptance per mode, each mode's prompts asked with its switch.
+    import pandas as pd
+
+    table = pd.read_csv(run / "eval" / "benchmarks.csv")
+    held = table[(table["set"] == "held_out") & (table["method"] == "draft")]
+    assert {"thinking", "instant"} <= set(held["mode"])
+    by_mode = held[held["mode"] != "all"].set_index("mode")["requests"]
+    assert by_mode.sum() == held[(held["mode"] == "all") & (held["traffic"] == "all")]["requests"].item()
 
 
 def test_nothing_to_do_after_the_run(kimi_mini_run):

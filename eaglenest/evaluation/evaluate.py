@@ -364,7 +364,17 @@ def _ask_method(
 ) -> tuple[dict, dict]:
     """One method's result and its sets' outputs: the held-out prompts, then each benchmark's conversations."""
     result, outs = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
-    outs = [{**o, "set": HELD_OUT, "turn": 0, "category": "all"} for o in outs]
+    asked = {p["id"]: p for p in prompts}
+    outs = [
+        {
+            **o,
+            "set": HELD_OUT,
+            "turn": 0,
+            "category": "all",
+            **traffic_of(asked[o["id"]], asked[o["id"]]["mode"]),
+        }
+        for o in outs
+    ]
     if method == "no_spec":
         answers.update({(o["set"], o["id"], 0): o for o in outs})
     sets = {HELD_OUT: (outs, result["seconds"], [])}
@@ -555,7 +565,13 @@ def ask_conversations(
         outs, s = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
         seconds += s
         outs = [
-            {**o, "set": c["benchmark"], "turn": turn, "category": c["category"]}
+            {
+                **o,
+                "set": c["benchmark"],
+                "turn": turn,
+                "category": c["category"],
+                **traffic_of(c, DEFAULT_MODE),
+            }
             for c, o in zip(asked, outs, strict=True)
         ]
         if is_reference:
@@ -599,14 +615,24 @@ def lossless_fields(outs: list[dict], answers: dict) -> dict:
     }
 
 
+def traffic_of(asked: dict, mode: str) -> dict:
+    """What a request was, for the figures per mode and traffic class: the mode its switches came
+    from (benchmarks: the template's default) and whether it came with tools."""
+    return {"mode": mode, "traffic": "tool" if asked.get("tools") else "chat"}
+
+
+# The groups a set's figures are also given per, where a set has more than one of them.
+GROUPS = ("category", "turn", "mode", "traffic")
+
+
 def set_figures(outs: list[dict], seconds: float, too_long: list[str], answers: dict, k: int) -> dict:
     """One method on one evaluated set: acceptance from the per-request metrics, overall, per
-    category and per turn, its output tokens/s, and losslessness."""
+    category, turn, mode and traffic class, its output tokens/s, and losslessness."""
     figures = request_acceptance(outs, k)
     figures["conversations_cut_too_long"] = too_long
     figures["output_tokens_per_s"] = round(figures["output_tokens"] / seconds, 2) if seconds else None
     figures.update(lossless_fields(outs, answers))
-    for key in ("category", "turn"):
+    for key in GROUPS:
         groups = dict.fromkeys(o[key] for o in outs)
         if len(groups) > 1:
             figures[f"per_{key}"] = {
@@ -616,17 +642,26 @@ def set_figures(outs: list[dict], seconds: float, too_long: list[str], answers: 
 
 
 def write_set_table(per_set: dict, out_csv) -> None:
-    """One row per method, set and category ("all" for the whole set)."""
+    """One row per method, set and category ("all" for the whole set), and per mode and traffic
+    class where a set has several (their other columns "all")."""
     import pandas as pd
 
     rows = []
     for method, sets in per_set.items():
         for name, fig in sets.items():
-            groups = {"all": fig, **fig.get("per_category", {})}
-            for category, g in groups.items():
+            groups = [("category", "all", fig)]
+            groups += [
+                (key, g, figures)
+                for key in ("category", "mode", "traffic")
+                for g, figures in fig.get(f"per_{key}", {}).items()
+            ]
+            for key, value, g in groups:
                 row = {
                     "set": name,
-                    "category": category,
+                    "category": "all",
+                    "mode": "all",
+                    "traffic": "all",
+                    key: value,
                     "method": method,
                     "requests": g["requests"],
                     "mean_acceptance_length": g["mean_acceptance_length"],
@@ -635,7 +670,7 @@ def write_set_table(per_set: dict, out_csv) -> None:
                 }
                 for i, a in enumerate(g["per_position_acceptance"] or []):
                     row[f"acceptance_pos_{i + 1}"] = a
-                if category == "all":
+                if g is fig:
                     row.update(output_tokens_per_s=fig["output_tokens_per_s"], lossless=fig["lossless"])
                 rows.append(row)
     with atomic_path(out_csv) as tmp:
@@ -654,6 +689,8 @@ def request_rows(stored: list[dict]) -> list[dict]:
                 "method": o["method"],
                 "set": o["set"],
                 "category": o["category"],
+                "mode": o.get("mode", DEFAULT_MODE),
+                "traffic": o.get("traffic", "chat"),
                 "id": o["id"],
                 "turn": o["turn"] + 1,
                 "prompt_tokens": o["prompt_tokens"],
