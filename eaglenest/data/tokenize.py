@@ -37,6 +37,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -522,6 +523,15 @@ def _served_row(renderers: Renderers, row: dict, result: dict, rendered, path):
 # --------------------------------------------------------------------------------------------
 
 
+class RecordCounts(NamedTuple):
+    """What the tally counts of one response record (not its token ids)."""
+
+    mode: str
+    tools: bool
+    generations: int
+    cut: str | None
+
+
 class Tally:
     """What the stage counts while it writes rows: token frequencies, skips, turns and the
     fate of their reasoning; `metadata` turns it into metadata.json."""
@@ -608,13 +618,13 @@ class Tally:
         if masked_ids:
             self.counts += np.bincount(np.concatenate(masked_ids), minlength=self.vocab_size)
 
-    def record(self, record: dict, mode: str) -> None:
+    def record(self, counts: RecordCounts) -> None:
         """Count one response record: its mode and class, its generations, why its loop was cut."""
-        self.records_by["mode"][mode] += 1
-        self.records_by["class"]["tool" if record.get("tools") else "chat"] += 1
-        self.generations += len(row_generations(record))
-        if record.get("cut"):
-            self.cut[record["cut"]] += 1
+        self.records_by["mode"][counts.mode] += 1
+        self.records_by["class"]["tool" if counts.tools else "chat"] += 1
+        self.generations += counts.generations
+        if counts.cut:
+            self.cut[counts.cut] += 1
 
     def supervised_special_ids(self, special_ids: np.ndarray) -> dict[str, int]:
         """The tokenizer's added tokens that occur in supervised positions, with their counts."""
@@ -694,8 +704,8 @@ def _write_rows(tmp_data, encoded, tally: Tally, multi_turn: str) -> None:
             tally.samples_in += chunk.records
             for rid in chunk.failed:
                 tally.skip("regeneration_failed", rid)
-            for record, mode in chunk.answered:
-                tally.record(record, mode)
+            for counts in chunk.answered:
+                tally.record(counts)
             tally.rows_in += len(chunk.rows)
             f.write(tally.rows_as_lines(chunk.rows, results, multi_turn))
 
@@ -783,7 +793,7 @@ class _Chunk:
     rows: list[dict]
     records: int
     failed: list
-    answered: list  # (what the tally counts of a record, its mode)
+    answered: list  # RecordCounts of each record answered
 
 
 def _about(record: dict, path, recno: int) -> dict:
@@ -809,11 +819,11 @@ def _chunks(responses_path, multi_turn: str):
             chunk.failed.append(record.get("id"))
             continue
         about = _about(record, responses_path, recno)
-        counted = {
-            k: record[k] for k in ("tools", "cut", "generations", "completion_token_ids") if k in record
-        }
-        chunk.answered.append((counted, about["mode"]))
-        rows = training_rows(record["id"], messages, row_generations(record), multi_turn, about)
+        generations = row_generations(record)
+        chunk.answered.append(
+            RecordCounts(about["mode"], "tools" in about, len(generations), record.get("cut"))
+        )
+        rows = training_rows(record["id"], messages, generations, multi_turn, about)
         for row in rows:
             row["all_messages"] = messages
         chunk.rows.extend(rows)
