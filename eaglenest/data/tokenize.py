@@ -15,6 +15,14 @@ Two ways to the tokens, one policy:
   tiktoken tokenizer) gives none, so there a boundary is the length of the tokenization of the
   text before it (`token_index_at`).
 
+An answer a prompt source shipped (``"responses": "dataset"``: it carries no served ids) takes the
+render path, the policy every rendered assistant turn has, and its row ends where the target's
+would: at the end-of-turn token of its last turn (a served row ends with the emitted ids; the
+whitespace a template writes after a final turn is never generated). So a dataset answer and the
+same text regenerated train the same tokens under the same mask wherever the template renders an
+answer as the model writes it (tests/test_dataset_responses.py checks it on the real templates);
+metadata.json counts records and supervised tokens per origin (``by_responses``).
+
 Multi-turn rows (`multi_turn`): ``all`` trains every assistant turn of a conversation in one
 row, earlier turns as the template renders history (in the served prompt too); ``last`` trains
 only the final turn (earlier turns are context: with regenerated data they come from the dataset,
@@ -57,6 +65,7 @@ from eaglenest.data.chat_turns import (
     split_inline_reasoning,
 )
 from eaglenest.data.modes import DEFAULT_MODE, check_switches
+from eaglenest.data.origins import DATASET, RESPONSE_ORIGINS, TARGET, response_origin
 from eaglenest.data.regenerate import CUT_REASONS, TOOL_CALL_MARKERS, row_generations
 from eaglenest.target.resolve import load_tokenizer, read_shape
 
@@ -429,6 +438,16 @@ def _labelled_spans(places: list[TurnPlace]) -> list[tuple[int, int, int]]:
     return [(s, e, KIND_LABELS[kind]) for place in places for s, e, kind in place.kind_spans()]
 
 
+def _ending_at_last_turn(ids: np.ndarray, kinds: np.ndarray, places: list[TurnPlace]):
+    """A dataset row's tokens up to the end of its last turn (when that turn is placed), as a
+    served row ends: the target stops at its end-of-turn token, and never writes the template's
+    whitespace after it."""
+    if places and places[-1].span is not None and kinds.any():
+        end = int(np.flatnonzero(kinds)[-1]) + 1
+        return ids[:end], kinds[:end]
+    return ids, kinds
+
+
 def encode_rows(
     renderers: Renderers, rows: list[dict], path=None, force_prefix_boundaries: bool = False
 ) -> list[dict]:
@@ -482,6 +501,8 @@ def encode_rows(
             continue
         if row["served"] is None:
             result["input_ids"], result["kinds"] = encoded[k]
+            if row.get("responses") == DATASET:
+                result["input_ids"], result["kinds"] = _ending_at_last_turn(*encoded[k], result["places"])
         else:
             result["input_ids"], result["kinds"] = _served_row(renderers, row, result, encoded.get(k), path)
         result["loss_mask"] = (result["kinds"] > 0).astype(np.uint8)
@@ -530,6 +551,7 @@ class RecordCounts(NamedTuple):
     tools: bool
     generations: int
     cut: str | None
+    responses: str  # the answer's origin (RESPONSE_ORIGINS)
 
 
 class Tally:
@@ -550,8 +572,11 @@ class Tally:
         self.records_by: dict[str, collections.Counter] = {
             "mode": collections.Counter(),
             "class": collections.Counter(),
+            "responses": collections.Counter(),
         }
         self.kind_tokens: dict[str, collections.Counter] = {}  # mode -> kind -> supervised tokens
+        # origin -> kind -> supervised tokens
+        self.origin_tokens = {o: collections.Counter() for o in RESPONSE_ORIGINS}
         self.special_seen = np.zeros(0, dtype=np.int64)
 
     def skip(self, reason: str, rid, why: str = "") -> None:
@@ -594,8 +619,11 @@ class Tally:
         self.tokens_total += int(ids.size)
         self.tokens_loss_masked += n_masked
         per_kind = self.kind_tokens.setdefault(row.get("mode") or DEFAULT_MODE, collections.Counter())
+        per_origin = self.origin_tokens[response_origin(row)]
         for kind, label in KIND_LABELS.items():
-            per_kind[kind] += int((kinds == label).sum())
+            n = int((kinds == label).sum())
+            per_kind[kind] += n
+            per_origin[kind] += n
         return ids, mask
 
     def _check_ids(self, rid, ids: np.ndarray) -> None:
@@ -622,6 +650,7 @@ class Tally:
         """Count one response record: its mode and class, its generations, why its loop was cut."""
         self.records_by["mode"][counts.mode] += 1
         self.records_by["class"]["tool" if counts.tools else "chat"] += 1
+        self.records_by["responses"][counts.responses] += 1
         self.generations += counts.generations
         if counts.cut:
             self.cut[counts.cut] += 1
@@ -676,12 +705,17 @@ class Tally:
                 "served_token_ids": self.rows_served,
                 "template_render": self.rows_in - self.rows_served - unplaced,
             },
-            "records": {"by_mode": dict(self.records_by["mode"]), "by_class": dict(self.records_by["class"])},
+            "records": {
+                "by_mode": dict(self.records_by["mode"]),
+                "by_class": dict(self.records_by["class"]),
+                "by_responses": {o: self.records_by["responses"][o] for o in RESPONSE_ORIGINS},
+            },
             "generations": self.generations,
             "tool_loops_cut": {reason: self.cut[reason] for reason in CUT_REASONS},
             "supervised_tokens": {
                 "by_kind": {k: sum(c[k] for c in self.kind_tokens.values()) for k in KINDS},
                 "by_mode": {m: {k: c[k] for k in KINDS} for m, c in sorted(self.kind_tokens.items())},
+                "by_responses": {o: {k: c[k] for k in KINDS} for o, c in self.origin_tokens.items()},
             },
         }
 
@@ -797,8 +831,18 @@ class _Chunk:
 
 
 def _about(record: dict, path, recno: int) -> dict:
-    """What a record's rows carry besides their messages: tools, template switches, mode."""
+    """What a record's rows carry besides their messages: tools, template switches, mode, and
+    the answer's origin (a dataset's, or absent: the target's)."""
     about = {"mode": record.get("mode") or DEFAULT_MODE}
+    origin = response_origin(record)
+    if origin not in RESPONSE_ORIGINS:
+        raise EaglenestError(
+            f"{_where(record.get('id'), recno)}: 'responses' must be one of {', '.join(RESPONSE_ORIGINS)}, "
+            f"got {origin!r}",
+            path,
+        )
+    if origin == DATASET:
+        about["responses"] = origin
     for key, kind in (("tools", list), ("chat_template_kwargs", dict)):
         if record.get(key) is not None:
             if not isinstance(record[key], kind):
@@ -821,7 +865,13 @@ def _chunks(responses_path, multi_turn: str):
         about = _about(record, responses_path, recno)
         generations = row_generations(record)
         chunk.answered.append(
-            RecordCounts(about["mode"], "tools" in about, len(generations), record.get("cut"))
+            RecordCounts(
+                about["mode"],
+                "tools" in about,
+                len(generations),
+                record.get("cut"),
+                about.get("responses", TARGET),
+            )
         )
         rows = training_rows(record["id"], messages, generations, multi_turn, about)
         for row in rows:
