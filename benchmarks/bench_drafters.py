@@ -5,7 +5,7 @@ run itself is built first if it is missing), so the three drafts train on the sa
 states; P-EAGLE is trained to `max(--k)` depths and DFlash on blocks of `max(--k) + 1` slots, so
 each can be served at every k asked. Then each draft is served on the run's held-out prompts,
 greedy, with evaluation's own code (`eaglenest.evaluation.evaluate`: the server a draft is
-evaluated on, `method_spec`, and `evaluate_method`), at each k,
+evaluated on, `method_spec`, and `evaluate_prompts`), at each k,
 and the target alone and n-gram at k = 3 once. Prints one table: per algorithm the training wall
 time (its `train_draft` benchmark file), tokens per target step at k = 3 and at its best k,
 per-position acceptance at that k, output tokens/s against no speculation, and whether the
@@ -190,7 +190,7 @@ def equal_share(texts: dict, reference: dict) -> float:
 def report(rows: list, plain: dict, ngram: dict, floor: float, prompts: int) -> tuple[dict, dict]:
     """Prints the table and the baselines; returns the record's figures and the table."""
     from eaglenest.draft.algorithms import DISPLAY_NAMES
-    from eaglenest.evaluation.evaluate import noise_floor_margin
+    from eaglenest.evaluation.figures import noise_floor_margin
 
     speed = plain["output_tokens_per_s"]
     margin = noise_floor_margin(floor, prompts)
@@ -225,7 +225,8 @@ def main() -> None:
     ks = sorted(set(args.k) | {3})
 
     from eaglenest.engine.server import start, stop_pid
-    from eaglenest.evaluation.evaluate import evaluate_method, load_eval_prompts, method_spec
+    from eaglenest.evaluation.asking import evaluate_prompts, held_out_conversations
+    from eaglenest.evaluation.methods import method_spec
     from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
     from eaglenest.report.summary import read_benchmark
     from eaglenest.target.resolve import load_target
@@ -234,7 +235,7 @@ def main() -> None:
     run_dir = args.workdir / cfg["run_dir"]
     drafts = draft_folders(cfg, run_dir)  # algorithm -> (draft folder, training benchmark file)
     target = load_target(run_dir / "target.json").path
-    prompts = load_eval_prompts(run_dir / "prompts" / "eval_prompts.jsonl")
+    prompts = held_out_conversations(run_dir / "prompts" / "eval_prompts.jsonl")
     gen = {
         "max_tokens": cfg["evaluate"]["max_tokens"],
         "concurrency": cfg["evaluate"]["concurrency"],
@@ -252,12 +253,12 @@ def main() -> None:
         spec = method_spec(method, target, base, env, k=k, draft_dir=draft, ngram=cfg["evaluate"]["ngram"])
         server = start(spec, tmp, tmp / f"{label}.log", timeout_s=cfg["vllm"]["startup_timeout_s"])
         try:
-            result, outs = evaluate_method(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
+            result, outs = evaluate_prompts(server, prompts, k=k, spec_decoding=method != "no_spec", **gen)
             # Acceptance and outputs from the first pass; tokens/s the median of all passes, so
             # one pass slowed by something else on the machine does not decide it.
             speeds = [result["output_tokens_per_s"]]
             for _ in range(args.passes - 1):
-                again, _answers = evaluate_method(
+                again, _answers = evaluate_prompts(
                     server, prompts, k=k, spec_decoding=method != "no_spec", **gen
                 )
                 speeds.append(again["output_tokens_per_s"])

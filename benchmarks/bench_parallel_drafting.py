@@ -1,7 +1,7 @@
 """Does vLLM draft a P-EAGLE head in parallel? One exported P-EAGLE draft, served two ways.
 
 The finished run's draft (`draft.algorithm: p_eagle`) is served on the run's held-out prompts,
-greedy, with the evaluation's own code (`eaglenest.evaluation.evaluate.evaluate_method`):
+greedy, with the evaluation's own code (`eaglenest.evaluation.asking.evaluate_prompts`):
 - parallel: as evaluation serves it (`"parallel_drafting": true`): one draft pass proposes k
   tokens, positions 2..k from mask-token slots, the way the head was trained;
 - sequential: the same folder without the flag: vLLM drafts one token at a time, feeding the
@@ -37,7 +37,7 @@ def main() -> None:
 
     from eaglenest.draft.algorithms import folder_algorithm, vllm_speculative_config
     from eaglenest.engine.server import ServerSpec, start, stop_pid
-    from eaglenest.evaluation.evaluate import evaluate_method, load_eval_prompts
+    from eaglenest.evaluation.asking import evaluate_prompts, held_out_conversations
     from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
     from eaglenest.target.resolve import load_target
 
@@ -48,7 +48,7 @@ def main() -> None:
         raise SystemExit(f"{draft}: not a P-EAGLE draft ({folder_algorithm(draft)})")
     target = load_target(run_dir / "target.json").path
     k = args.k or cfg["evaluate"]["num_speculative_tokens"]
-    prompts = load_eval_prompts(run_dir / "prompts" / "eval_prompts.jsonl")
+    prompts = held_out_conversations(run_dir / "prompts" / "eval_prompts.jsonl")
     gen = {
         "max_tokens": cfg["evaluate"]["max_tokens"],
         "concurrency": cfg["evaluate"]["concurrency"],
@@ -70,7 +70,7 @@ def main() -> None:
                 timeout_s=cfg["vllm"]["startup_timeout_s"],
             )
             try:
-                result, outs = evaluate_method(server, prompts, k=k, spec_decoding=spec is not None, **gen)
+                result, outs = evaluate_prompts(server, prompts, k=k, spec_decoding=spec is not None, **gen)
             finally:
                 stop_pid(server.pid)
             texts = {o["id"]: o["token_ids"] for o in outs}

@@ -97,7 +97,7 @@ def main() -> None:
 
     from eaglenest.data.regenerate import regenerate_responses
     from eaglenest.engine.server import ServerSpec, start, stop_pid
-    from eaglenest.evaluation.evaluate import method_spec
+    from eaglenest.evaluation.methods import method_spec
     from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
     from eaglenest.target.resolve import load_target
 

@@ -29,7 +29,7 @@ its training prompts (`prompts/prompts.jsonl`) and held-out prompts (`prompts/ev
      trainer with eaglenest's CPU patches) with `--loss-implementation eager --draft-attn-impl
      sdpa`. Its last epoch's checkpoint is the draft: vLLM serves speculators' format directly.
 - Evaluation: both drafts in this one process, back to back, with eaglenest's own evaluation
-  (`eaglenest.evaluation.evaluate.serve_and_generate`, method "draft") on the held-out prompts.
+  (`eaglenest.evaluation.evaluate.evaluate_stage`, method "draft") on the held-out prompts.
 
 Prints each arm's steps and wall seconds, training rows, epochs, tokens per target step,
 per-position acceptance and output tokens/s, and writes them to

@@ -23,7 +23,7 @@ newer_than_all() {  # newer_than_all STAMP FILE...: STAMP exists and is newer th
 }
 
 if ! newer_than_all "$stamp" "$req" envs/constraints-$stack.txt envs/requirements-dev.txt \
-    envs/requirements-models.txt pyproject.toml \
+    envs/requirements-models.txt envs/requirements-suffix.txt envs/build-suffix.txt pyproject.toml \
     plugins/snakemake-logger-plugin-eaglenest-jobs/pyproject.toml; then
   python3 -m venv .venv
   .venv/bin/python -m pip install -q -c envs/constraints-$stack.txt -r "$req"
@@ -34,6 +34,13 @@ if ! newer_than_all "$stamp" "$req" envs/constraints-$stack.txt envs/requirement
     # CPU torch, and triton has no CPU backend; nothing in the pipeline needs them.
     .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
   fi
+  # Suffix decoding's tree, built from source against this torch (envs/requirements-suffix.txt):
+  # the archive's own build would fetch a second torch.
+  build_tools=$(mktemp -d)
+  .venv/bin/python -m pip install -q --target "$build_tools" -r envs/build-suffix.txt
+  PYTHONPATH=$build_tools PATH=$build_tools/bin:$PATH \
+    .venv/bin/python -m pip install -q --no-deps --no-build-isolation -r envs/requirements-suffix.txt
+  rm -rf "$build_tools"
   .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
   # Snakemake finds logger plugins by module name, which an editable install hides: the job-events
   # logger's shim (no logic of its own) is installed normally.

@@ -10,6 +10,7 @@ from snakemake.utils import validate
 
 from eaglenest.data.benchmarks import benchmark_files, check_benchmarks
 from eaglenest.data.modes import check_folder_switches, checked_modes
+from eaglenest.data.prompts import check_prompt_sources, source_file
 from eaglenest.engine.dtypes import choose_dtypes
 from eaglenest.target.kimi_mini import ASSETS as KIMI_MINI_ASSETS
 from eaglenest.draft.algorithms import check_draft_plan, is_parallel
@@ -17,7 +18,7 @@ from eaglenest.draft.config import check_sglang_target
 from eaglenest.core.errors import EaglenestError
 from eaglenest.planning.run_estimate import data_loaders, split_gpus
 from eaglenest.pipeline.run_guard import claim_run_folder, forward_sigterm_to_jobs
-from eaglenest.evaluation.evaluate import METHODS as EVAL_METHODS
+from eaglenest.evaluation.methods import check_baselines, evaluated_methods
 from eaglenest.target.gguf import gguf_source
 from eaglenest.engine.server import WORKFLOW_PID_ENV, Lease
 from eaglenest.training.sweep import base_settings, plan_variants, swept_keys, train_hp, train_settings
@@ -96,6 +97,9 @@ BENCHMARKS = config["evaluate"]["benchmarks"]
 try:
     GGUF_SOURCE = str(gguf_source(GGUF)) if GGUF else None
     check_benchmarks(BENCHMARKS)
+    check_baselines(config["evaluate"]["baselines"])
+    # No speculation, the model-free baselines, the untrained floor and the trained draft.
+    EVAL_METHODS = evaluated_methods(config["evaluate"]["baselines"])
     BENCHMARK_FILES = sorted({str(f) for b in BENCHMARKS for f in benchmark_files(b)})
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
@@ -172,6 +176,13 @@ try:
 except EaglenestError as e:
     raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: modes: {e}")
 
+# Prompt sources, from the local files alone: each file found (a package's included), and a
+# source asked for its own answers (responses: dataset) refused when its first records have none.
+try:
+    check_prompt_sources(config["prompts"]["sources"])
+except EaglenestError as e:
+    raise WorkflowError(f"config {', '.join(CONFIG_FILES)}: {e}")
+
 # GPU jobs find the leased vLLM server through this; its supervisor stops the server when
 # this process is gone, however the workflow ends.
 os.environ.setdefault(WORKFLOW_PID_ENV, str(os.getpid()))
@@ -240,6 +251,8 @@ def prompt_source_files():
             files.append(repository_file(Path("data", "prompts", src.get("path", "default.jsonl"))))
         elif src["type"] in ("jsonl", "parquet"):
             files.append(src["path"])
+        elif src["type"] == "sharegpt":  # a local file, or one an installed package ships
+            files.append(str(source_file(src)))
     return files
 
 

@@ -1,5 +1,5 @@
-# Acceptance in vLLM on the held-out prompts and the configured benchmarks: no speculation,
-# n-gram, untrained and trained draft.
+# Acceptance in vLLM on the held-out prompts and the configured benchmarks, in every mode: no
+# speculation, the model-free baselines (evaluate.baselines), the untrained and the trained draft.
 
 
 rule prepare_benchmarks:
@@ -36,6 +36,11 @@ rule evaluate_acceptance:
             category="Acceptance",
         ),
         sets=report(f"{RUN}/eval/benchmarks.csv", caption="../report/benchmarks.rst", category="Acceptance"),
+        sets_plot=report(
+            f"{RUN}/eval/acceptance_by_set.png",
+            caption="../report/acceptance_by_set.rst",
+            category="Acceptance",
+        ),
         requests=f"{RUN}/eval/requests.csv",
         request_plot=report(
             f"{RUN}/eval/acceptance_by_request.png",

@@ -26,6 +26,7 @@ run_logged(
     out_png=sm.output.plot,
     out_outputs=sm.output.outputs,
     out_sets=sm.output.sets,
+    out_sets_png=sm.output.sets_plot,
     out_requests=sm.output.requests,
     out_request_png=sm.output.request_plot,
     methods=tuple(p.methods),

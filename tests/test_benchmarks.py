@@ -17,7 +17,7 @@ from eaglenest.data.benchmarks import (
     request_acceptance,
     turn_messages,
 )
-from eaglenest.evaluation import evaluate
+from eaglenest.evaluation import asking, figures, tables
 
 DATA = Path(__file__).resolve().parent / "data"
 MT_BENCH = {"name": "mt_bench", "type": "mt_bench"}
@@ -111,7 +111,7 @@ def test_bad_benchmarks_are_refused_by_name(tmp_path):
 
 def test_a_recorded_response_gives_its_tokens_and_acceptance():
     recorded = json.loads(RECORDED.read_text())
-    row = evaluate.response_row("q81", recorded)
+    row = asking.response_row("q81", recorded)
     spec = recorded["metrics"]["speculative_decoding"]
     assert row["token_ids"] == recorded["choices"][0]["token_ids"] and row["spec"] == spec
     assert row["completion_tokens"] == len(row["token_ids"]) and row["prompt_tokens"] > 0
@@ -171,7 +171,7 @@ def test_a_recorded_response_that_stopped_mid_step_counts_its_steps_exactly():
     `detailed` metrics (each step's accepted drafts): the steps are the prefill and each verify
     step, and the drafts after the EOS, which vLLM counted accepted, are not tokens kept."""
     recorded = json.loads(MID_STEP.read_text())
-    row = evaluate.response_row("mid-step", recorded)
+    row = asking.response_row("mid-step", recorded)
     spec, tokens = row["spec"], row["completion_tokens"]
     produced = 1 + sum(a + 1 for a in spec["per_step_accepted"])
     assert recorded["choices"][0]["finish_reason"] == "stop" and produced > tokens  # cut mid-step
@@ -183,7 +183,7 @@ def test_a_recorded_response_that_stopped_mid_step_counts_its_steps_exactly():
 
 
 def request_rows_of(tokens: int, spec: dict) -> dict:
-    (row,) = evaluate.request_rows(
+    (row,) = tables.request_rows(
         [{"method": "draft", "set": "held_out", "category": "all", "id": "p", "turn": 0,
           "prompt_tokens": 9, "completion_tokens": tokens, "spec": spec}]
     )  # fmt: skip
@@ -240,22 +240,22 @@ def test_every_method_is_asked_the_reference_answers_turn_by_turn(monkeypatch):
         ]
         return outs, 1.0
 
-    monkeypatch.setattr(evaluate, "generate", fake_generate)
+    monkeypatch.setattr(asking, "generate", fake_generate)
     # Conversation c's second turn has no room left for its answer: it stops there for everyone.
     monkeypatch.setattr(
-        evaluate,
+        asking,
         "room_for_answer",
         lambda s, prompts, n: [p["id"] != "c" or len(p["messages"]) < 3 for p in prompts],
     )
     convs = [
-        {"benchmark": "mt", "id": "a", "category": "c", "system": [], "turns": ["A1", "A2"]},
-        {"benchmark": "mt", "id": "b", "category": "c", "system": [], "turns": ["B1"]},
-        {"benchmark": "mt", "id": "c", "category": "c", "system": [], "turns": ["C1", "C2", "C3"]},
-    ]
+        {"benchmark": "mt", "mode": "default", "id": "a", "category": "c", "system": [], "turns": ["A1", "A2"]},
+        {"benchmark": "mt", "mode": "default", "id": "b", "category": "c", "system": [], "turns": ["B1"]},
+        {"benchmark": "mt", "mode": "default", "id": "c", "category": "c", "system": [], "turns": ["C1", "C2", "C3"]},
+    ]  # fmt: skip
     gen = {"max_tokens": 8, "concurrency": 2, "stall_timeout_s": 5}
     answers = {}
-    _, _, cut = evaluate.ask_conversations("no_spec", convs, answers, is_reference=True, **gen)
-    outs, seconds, cut_again = evaluate.ask_conversations("draft", convs, answers, is_reference=False, **gen)
+    _, _, cut = asking.ask_conversations("no_spec", convs, answers, is_reference=True, **gen)
+    outs, seconds, cut_again = asking.ask_conversations("draft", convs, answers, is_reference=False, **gen)
     assert cut == cut_again == ["c"]
     assert seconds == 2.0 and [(o["id"], o["turn"]) for o in outs] == [("a", 0), ("b", 0), ("c", 0), ("a", 1)]
     second_turn = {server: prompts for server, prompts in asked[1::2]}
@@ -270,8 +270,8 @@ def test_every_method_is_asked_the_reference_answers_turn_by_turn(monkeypatch):
                 ],
             }
         ]
-    assert answers[("mt", "a", 1)]["text"] == "no_spec answer 3"
-    assert evaluate.lossless_fields(outs, answers)["identical_fraction"] == 0.0
+    assert answers[("mt", "default", "a", 1)]["text"] == "no_spec answer 3"
+    assert figures.lossless_fields(outs, answers)["identical_fraction"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -330,53 +330,56 @@ def test_a_training_prompt_equal_to_a_benchmark_prompt_is_left_out_and_counted(t
 
 def test_held_out_figures_per_mode_and_traffic_class(tmp_path):
     """A held-out split asked in two modes, with chat and tool prompts: acceptance.json's set
-    figures per mode and per traffic class, and benchmarks.csv's rows for each (their other
-    columns "all"), beside the set's own row; a set with one mode gets no per-mode rows."""
+    figures per mode (each with its own tokens/s and traffic classes) and per traffic class, and
+    benchmarks.csv's rows for each (their other columns "all"), beside the set's own row; a set
+    with one mode gets no per-mode rows."""
     import pandas as pd
 
-    def out(rid, mode, traffic, tokens, accepted):
+    def out(rid, mode, traffic, tokens, accepted, set_name="held_out"):
         spec = {
             "num_spec_steps": tokens - accepted - 1,
             "num_accepted_draft_tokens": accepted,
             "num_draft_tokens": 3 * (tokens - accepted - 1),
             "acceptance_histogram": [0, 0, 0, 0],
         }
-        return {"method": "draft", "set": "held_out", "category": "all", "id": rid, "turn": 0, "mode": mode,
+        return {"method": "draft", "set": set_name, "category": "all", "id": rid, "turn": 0, "mode": mode,
                 "traffic": traffic, "prompt_tokens": 5, "completion_tokens": tokens, "spec": spec,
                 "token_ids": [1] * tokens, "text": "x"}  # fmt: skip
 
     outs = [
         out("a", "thinking", "chat", 40, 20),
+        out("a", "instant", "chat", 40, 10),
         out("b", "instant", "tool", 40, 10),
         out("c", "instant", "chat", 40, 10),
     ]
-    answers = {("held_out", o["id"], 0): o for o in outs}
-    fig = evaluate.set_figures(outs, 1.0, [], answers, k=3)
+    answers = {figures.answer_key(o): o for o in outs}
+    fig = figures.set_figures(outs, {"thinking": 1.0, "instant": 4.0}, [], answers, k=3)
     assert set(fig["per_mode"]) == {"thinking", "instant"} and set(fig["per_traffic"]) == {"chat", "tool"}
     assert fig["per_mode"]["thinking"]["mean_acceptance_length"] == pytest.approx(40 / 20)
-    assert fig["per_mode"]["instant"]["mean_acceptance_length"] == pytest.approx(80 / 60)
-    mt = evaluate.set_figures(
-        [out("q", "default", "chat", 40, 20)],
-        1.0,
-        [],
-        {("held_out", "q", 0): out("q", "default", "chat", 40, 20)},
-        k=3,
-    )
+    assert fig["per_mode"]["instant"]["mean_acceptance_length"] == pytest.approx(120 / 90)
+    assert fig["per_mode"]["instant"]["output_tokens_per_s"] == pytest.approx(120 / 4.0)
+    assert fig["output_tokens_per_s"] == pytest.approx(160 / 5.0)
+    assert set(fig["per_mode"]["instant"]["per_traffic"]) == {"chat", "tool"}
+    assert "per_traffic" not in fig["per_mode"]["thinking"]
+    mt_out = out("q", "default", "chat", 40, 20, "mt_bench")
+    mt = figures.set_figures([mt_out], {"default": 1.0}, [], {figures.answer_key(mt_out): mt_out}, k=3)
     assert "per_mode" not in mt
-    evaluate.write_set_table({"draft": {"held_out": fig, "mt_bench": mt}}, tmp_path / "sets.csv")
+    tables.write_set_table({"draft": {"held_out": fig, "mt_bench": mt}}, tmp_path / "sets.csv")
     table = pd.read_csv(tmp_path / "sets.csv")
-    whole = table[(table["set"] == "held_out") & (table["mode"] == "all") & (table["traffic"] == "all")]
+    held_out = table[(table["set"] == "held_out") & (table["span"] == "all")]
+    whole = held_out[(held_out["mode"] == "all") & (held_out["traffic"] == "all")]
     assert whole["mean_acceptance_length"].item() == pytest.approx(fig["mean_acceptance_length"])
-    instant = table[(table["set"] == "held_out") & (table["mode"] == "instant")]
-    assert (
-        instant["mean_acceptance_length"].item() == pytest.approx(80 / 60)
-        and instant["category"].item() == "all"
-    )
-    assert set(table[table["set"] == "held_out"]["traffic"]) == {"all", "chat", "tool"}
+    instant = held_out[(held_out["mode"] == "instant") & (held_out["traffic"] == "all")]
+    assert instant["mean_acceptance_length"].item() == pytest.approx(120 / 90)
+    assert instant["category"].item() == "all" and instant["output_tokens_per_s"].item() == pytest.approx(30)
+    instant_tool = held_out[(held_out["mode"] == "instant") & (held_out["traffic"] == "tool")]
+    assert instant_tool["mean_acceptance_length"].item() == pytest.approx(40 / 30)
+    assert set(held_out["traffic"]) == {"all", "chat", "tool"}
     assert len(table[table["set"] == "mt_bench"]) == 1
-    rows = evaluate.request_rows(outs)
+    rows = tables.request_rows(outs)
     assert [(r["mode"], r["traffic"]) for r in rows] == [
         ("thinking", "chat"),
+        ("instant", "chat"),
         ("instant", "tool"),
         ("instant", "chat"),
     ]

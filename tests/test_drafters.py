@@ -180,7 +180,7 @@ def test_p_eagle_is_served_in_parallel_and_eagle3_one_token_at_a_time():
 
 
 def test_method_spec_reads_the_served_folders_own_type(tmp_path):
-    from eaglenest.evaluation.evaluate import method_spec
+    from eaglenest.evaluation.methods import method_spec
 
     (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "peagle"}))
     spec = method_spec("draft", "target", (), (), k=3, draft_dir=tmp_path)

@@ -250,7 +250,7 @@ def test_regeneration_against_a_hung_server_ends_within_the_bound_and_keeps_what
 def test_evaluation_against_a_hung_server_fails_within_twice_the_stall_timeout(tmp_path):
     """A request and its retry each wait stall_timeout_s; then the stage fails at once (the
     requests still in flight end on their own timeouts while the process exits)."""
-    from eaglenest.evaluation.evaluate import generate
+    from eaglenest.evaluation.asking import generate
 
     prompts = [json.loads(line) for line in _prompts(tmp_path, 40).read_text().splitlines()]
     stall, concurrency = 0.75, 2
@@ -628,7 +628,7 @@ def test_sigterm_unwinds_a_stage_at_once_and_keeps_its_progress(tmp_path):
 
 THREADED_STAGE = """
 import json, sys
-from eaglenest.evaluation.evaluate import generate
+from eaglenest.evaluation.asking import generate
 from eaglenest.engine.server import Server
 from eaglenest.pipeline.workflow import run_logged
 

@@ -153,9 +153,9 @@ def test_a_target_shape_the_draft_cannot_take_is_refused(tmp_path):
 
 
 def test_at_tensor_parallel_a_draft_is_judged_against_ngrams_noise_floor():
-    from eaglenest.evaluation.evaluate import judge_against_noise_floor, ngram_identical_fraction
+    from eaglenest.evaluation.figures import judge_against_noise_floor, ngram_identical_fraction
 
-    answers = {("held_out", str(i), 0): {"token_ids": [i], "text": "t"} for i in range(32)}
+    answers = {("held_out", "default", str(i), 0): {"token_ids": [i], "text": "t"} for i in range(32)}
     # n-gram (lossless by construction) differs on 6 of 32 prompts: the engine's own noise.
     ngram = [
         {"method": "ngram", "id": str(i), "token_ids": [i if i >= 6 else -1], "text": "t"} for i in range(32)

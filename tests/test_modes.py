@@ -89,10 +89,12 @@ def test_planning_refuses_a_mode_the_miniature_template_ignores(tmp_path):
     assert str(config) in out
 
 
-def test_evaluation_asks_each_held_out_prompt_in_its_mode_with_its_tools(tmp_path):
-    """The request fields of a held-out prompt: its mode's switch (sent at the top level of the
-    body: the OpenAI client flattens extra_body) and its tools, which it only answers."""
-    from eaglenest.evaluation.evaluate import _mode_fields, load_eval_prompts
+def test_evaluation_asks_every_held_out_prompt_in_every_mode_with_its_tools(tmp_path):
+    """Every held-out prompt is asked in each configured mode, whatever mode it trained in: the
+    mode's switch goes at the top level of the request body (the OpenAI client flattens
+    extra_body), with the prompt's tools, which it only answers."""
+    from eaglenest.evaluation.asking import request_fields
+    from eaglenest.evaluation.evaluate import evaluated_conversations
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     path = tmp_path / "eval_prompts.jsonl"
@@ -102,12 +104,57 @@ def test_evaluation_asks_each_held_out_prompt_in_its_mode_with_its_tools(tmp_pat
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     modes = [{"name": "thinking"}, {"name": "instant", "chat_template_kwargs": {"thinking": False}}]
-    a, b = load_eval_prompts(path, modes)
-    assert _mode_fields(a) == {
+    asked = evaluated_conversations(path, None, modes)
+    assert [(c["id"], c["mode"]) for c in asked] == [
+        ("a", "thinking"),
+        ("b", "thinking"),
+        ("a", "instant"),
+        ("b", "instant"),
+    ]
+    by = {(c["id"], c["mode"]): c for c in asked}
+    assert request_fields(by[("a", "instant")]) == {
         "chat_template_kwargs": {"thinking": False},
         "tools": tools,
         "tool_choice": "none",
     }
-    assert _mode_fields(b) == {}
-    with pytest.raises(EaglenestError, match="mode 'instant' is not configured"):
-        load_eval_prompts(path, [{"name": "thinking"}])
+    assert request_fields(by[("a", "thinking")]) == {"tools": tools, "tool_choice": "none"}
+    assert request_fields(by[("b", "thinking")]) == {}
+
+
+def test_a_recorded_evaluation_request_carries_its_mode_switch_at_the_top_level(tmp_path):
+    """What the server receives, recorded: each mode's request (and the /tokenize call that
+    checks its room) carries the mode's chat_template_kwargs at the top level of the body, where
+    vLLM reads them, with the tools; the default mode's carries none."""
+    from test_tool_loops import fake_server
+
+    from eaglenest.evaluation.asking import ask_conversations, in_mode
+
+    def script(body):
+        if "add_generation_prompt" in body:  # /tokenize
+            return {"count": 5, "max_model_len": 100}
+        return {
+            "id": "x", "object": "chat.completion", "model": "target", "created": 0,
+            "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [4],
+                         "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+        }  # fmt: skip
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    held_out = [{"benchmark": "held_out", "id": "a", "category": "all", "tools": tools,
+                 "messages": [{"role": "user", "content": "hi"}]}]  # fmt: skip
+    modes = [
+        {"name": "default", "chat_template_kwargs": {}},
+        {"name": "instant", "chat_template_kwargs": {"thinking": False}},
+    ]
+    with fake_server(tmp_path, script) as (server, seen):
+        for mode in modes:
+            ask_conversations(
+                server, in_mode(held_out, mode), {}, is_reference=True,
+                max_tokens=4, concurrency=1, stall_timeout_s=30,
+            )  # fmt: skip
+    tokenize_default, chat_default, tokenize_instant, chat_instant = seen
+    assert "chat_template_kwargs" not in chat_default and "chat_template_kwargs" not in tokenize_default
+    for body in (tokenize_instant, chat_instant):
+        assert body["chat_template_kwargs"] == {"thinking": False}
+        assert body["tools"] == tools and body["tool_choice"] == "none"
+    assert "extra_body" not in chat_instant and chat_instant["temperature"] == 0.0

@@ -304,7 +304,7 @@ def test_an_algorithm_sweep_is_drawn_as_points_in_the_variants_order():
 
 
 def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path):
-    from eaglenest.evaluation.evaluate import reference_answers
+    from eaglenest.evaluation.asking import reference_answers
 
     ref = tmp_path / "outputs.jsonl"
     rows = [
@@ -313,13 +313,21 @@ def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path)
         {"method": "no_spec", "set": "mt", "id": "q1", "turn": 0, "token_ids": [2], "text": "y"},
     ]
     ref.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    conv = {"benchmark": "mt", "id": "q1", "turns": ["first", "second"]}
-    found = reference_answers(ref, [{"id": "a"}], [{**conv, "turns": ["first"]}])
-    assert found[("held_out", "a", 0)]["text"] == "x" and found[("mt", "q1", 0)]["text"] == "y"
+    conv = {"benchmark": "mt", "mode": "default", "id": "q1", "turns": ["first", "second"]}
+
+    def held_out(*ids):
+        return [{"benchmark": "held_out", "mode": "default", "id": i, "messages": []} for i in ids]
+
+    found = reference_answers(ref, [*held_out("a"), {**conv, "turns": ["first"]}])
+    assert found[("held_out", "default", "a", 0)]["text"] == "x"
+    assert found[("mt", "default", "q1", 0)]["text"] == "y"
     with pytest.raises(EaglenestError, match=r"outputs.jsonl.*no no_spec output for 1 of the 2 .*first: b"):
-        reference_answers(ref, [{"id": "a"}, {"id": "b"}], [])
-    with pytest.raises(EaglenestError, match=r"no no_spec output for 1 of the 3 .*q1, turn 2 of mt"):
-        reference_answers(ref, [{"id": "a"}], [conv])
+        reference_answers(ref, held_out("a", "b"))
+    with pytest.raises(EaglenestError, match=r"no no_spec output for 1 of the 3 .*q1, turn 2 of mt in mode default"):
+        reference_answers(ref, [*held_out("a"), conv])
+    # A mode the reference was not asked in is not covered by it.
+    with pytest.raises(EaglenestError, match=r"first: a, turn 1 of held_out in mode instant"):
+        reference_answers(ref, [{**held_out("a")[0], "mode": "instant"}])
 
 
 def test_a_subset_links_each_picked_row_to_its_own_hidden_states(tmp_path):

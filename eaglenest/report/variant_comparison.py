@@ -9,7 +9,7 @@ import math
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import atomic_path, read_json, write_json
-from eaglenest.evaluation.evaluate import plot_per_position
+from eaglenest.evaluation.plots import plot_per_position
 from eaglenest.report.summary import read_benchmark
 from eaglenest.training.sweep import LOG_AXES, SETTINGS, format_setting
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from eaglenest.core.io import installed_package_file, read_jsonl
 from eaglenest.data.benchmarks import MT_BENCH, read_benchmark, turn_messages
 from eaglenest.engine.server import SERVED_NAME, serving
-from eaglenest.evaluation.evaluate import method_spec
+from eaglenest.evaluation.methods import method_spec
 
 HERE = Path(__file__).resolve().parent
 ENV = (("VLLM_CPU_KVCACHE_SPACE", "1"),)

@@ -1,0 +1,252 @@
+"""Asking a served method the evaluated sets: the held-out split and each benchmark, in each mode.
+
+What is asked is a list of conversations: a held-out prompt is one asked once (its own messages,
+its tools); a benchmark conversation is a run of user turns, turn t asked after the reference's
+(no_spec's) greedy answers to the turns before it, as MT-Bench does, so every method is asked
+the same prompts and its outputs compare token for token. Every conversation is asked in every
+configured mode: the mode's template switches go at the top level of each request, where vLLM
+reads them. Evaluation is greedy in every mode (a mode's sampling is its regeneration's):
+losslessness is a token-for-token comparison, which sampling would void.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from eaglenest.core.errors import EaglenestError
+from eaglenest.core.io import iter_jsonl
+from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
+from eaglenest.engine.server import SERVED_NAME, Server, ServerError, StallWatch
+from eaglenest.evaluation.figures import answer_key
+
+
+def held_out_conversations(path) -> list[dict]:
+    """The held-out prompts as conversations of one turn, each with its tools."""
+    conversations = [
+        {
+            "benchmark": HELD_OUT,
+            "id": r["id"],
+            "category": "all",
+            "messages": r["messages"],
+            **({"tools": r["tools"]} if r.get("tools") else {}),
+        }
+        for r in iter_jsonl(path)
+    ]
+    if not conversations:
+        raise EaglenestError("no held-out prompts to evaluate on", path)
+    return conversations
+
+
+def in_mode(conversations: list[dict], mode: dict) -> list[dict]:
+    """The conversations as asked in one mode: its name and its template switches on each."""
+    switches = {"chat_template_kwargs": mode["chat_template_kwargs"]} if mode["chat_template_kwargs"] else {}
+    return [{**c, "mode": mode["name"], **switches} for c in conversations]
+
+
+def turns_of(conversation: dict) -> int:
+    return 1 if "messages" in conversation else len(conversation["turns"])
+
+
+def asked_messages(conversation: dict, turn: int, answers: dict) -> list[dict]:
+    """The chat a conversation's turn is asked with."""
+    if "messages" in conversation:
+        return conversation["messages"]
+    c = conversation
+    return turn_messages(
+        c, turn, [answers[(c["benchmark"], c["mode"], c["id"], t)]["text"] for t in range(turn)]
+    )
+
+
+def request_fields(asked: dict) -> dict:
+    """A request's fields besides its messages: its mode's switches, and its tools (with
+    tool_choice none: evaluation measures the answer, it runs no tool loop)."""
+    fields = {}
+    if asked.get("chat_template_kwargs"):
+        fields["chat_template_kwargs"] = asked["chat_template_kwargs"]
+    if asked.get("tools"):
+        fields.update(tools=asked["tools"], tool_choice="none")
+    return fields
+
+
+def traffic_of(asked: dict) -> str:
+    """The traffic class of a request, for the figures per class: with tools or without."""
+    return "tool" if asked.get("tools") else "chat"
+
+
+def response_row(prompt_id: str, response: dict) -> dict:
+    """What evaluation keeps of one chat-completion response (its JSON body): the greedy text
+    and token ids, the token counts, and vLLM's per-request spec-decode metrics (None without
+    speculation)."""
+    choice = response["choices"][0]
+    return {
+        "id": prompt_id,
+        "text": choice["message"].get("content") or "",
+        "token_ids": choice.get("token_ids"),
+        "prompt_tokens": response["usage"]["prompt_tokens"],
+        "completion_tokens": response["usage"]["completion_tokens"],
+        "spec": (response.get("metrics") or {}).get("speculative_decoding"),
+    }
+
+
+def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: int, stall_timeout_s: float):
+    """Greedy completions (token ids and text) for every prompt; returns (outputs, seconds).
+    Every prompt must be answered (the methods are compared prompt by prompt): a request that
+    fails twice, or a server silent for `stall_timeout_s`, fails the stage."""
+
+    import openai
+
+    client = openai.OpenAI(
+        base_url=server.api_url, api_key=server.client_key, max_retries=1, timeout=stall_timeout_s
+    )
+    watch = StallWatch(server, stall_timeout_s)
+
+    def one(p):
+        try:
+            r = client.chat.completions.create(
+                model=SERVED_NAME,
+                messages=p["messages"],
+                max_tokens=max_tokens,
+                temperature=0.0,
+                # The client sends extra_body's keys at the top level of the request, where vLLM
+                # reads chat_template_kwargs (the prompt's mode).
+                extra_body={"return_token_ids": True, "ignore_eos": False, **request_fields(p)},
+            )
+        except openai.APIError as e:
+            watch.check(e)
+            raise ServerError(f"prompt {p['id']}: the server failed it twice: {e}", server.log_path) from e
+        watch.answered()
+        return response_row(p["id"], r.model_dump())
+
+    t0 = time.monotonic()
+    pool = ThreadPoolExecutor(concurrency)
+    try:
+        outs = list(pool.map(one, prompts))
+    finally:  # on a failure, fail now: queued prompts are dropped, not sent to a hung server
+        pool.shutdown(wait=False, cancel_futures=True)
+    return outs, time.monotonic() - t0
+
+
+def check_spec_metrics(server: Server, outs: list[dict]) -> None:
+    """A speculating server's every response carries its own spec-decode metrics."""
+    if missing := [o["id"] for o in outs if not o["spec"]]:
+        # Counted as steps of one token each, they would pull the figure down unseen.
+        raise ServerError(
+            f"{len(missing)} responses carry no per-request spec-decode metrics (e.g. prompt "
+            f"{missing[0]}): the server needs --per-request-spec-decode-metrics",
+            server.log_path,
+        )
+
+
+def evaluate_prompts(
+    server: Server, prompts: list[dict], *, k: int, spec_decoding: bool, **gen
+) -> tuple[dict, list[dict]]:
+    """Every prompt answered greedily (`generate`), and the acceptance of all of them from each
+    response's own spec-decode metrics (request_acceptance), with output tokens/s: for the
+    benchmarks that compare servers on the held-out prompts alone."""
+    outs, seconds = generate(server, prompts, **gen)
+    if spec_decoding:
+        check_spec_metrics(server, outs)
+    result = request_acceptance(outs, k)
+    result.update(
+        seconds=round(seconds, 3),
+        output_tokens_per_s=round(result["output_tokens"] / seconds, 2) if seconds else None,
+    )
+    return result, outs
+
+
+def room_for_answer(server: Server, prompts: list[dict], max_tokens: int) -> list[bool]:
+    """Whether each prompt, rendered by the server itself (its /tokenize endpoint, with the
+    template it serves), leaves `max_tokens` within its max_model_len."""
+    fits = []
+    for p in prompts:
+        body = json.dumps(
+            {
+                "model": SERVED_NAME,
+                "messages": p["messages"],
+                "add_generation_prompt": True,
+                **request_fields(p),
+            }
+        )
+        request = urllib.request.Request(
+            f"{server.base_url}/tokenize",
+            data=body.encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.client_key}"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            answer = json.loads(r.read())
+        fits.append(answer["count"] + max_tokens <= answer["max_model_len"])
+    return fits
+
+
+def ask_conversations(
+    server,
+    conversations: list[dict],
+    answers: dict,
+    *,
+    is_reference: bool,
+    max_tokens,
+    concurrency,
+    stall_timeout_s,
+) -> tuple[list[dict], float, list[str]]:
+    """Every turn of the conversations (each carrying its `mode`), a turn of all of them at a
+    time; turn t is asked after the reference's answers to the turns before it (no_spec's,
+    which `is_reference` records as it goes). Returns the outputs, the seconds spent generating
+    and the conversations left out for want of room."""
+    outs_all, seconds, too_long = [], 0.0, []
+    for turn in range(max(map(turns_of, conversations), default=0)):
+        asked = [c for c in conversations if turns_of(c) > turn and c["id"] not in too_long]
+        prompts = [
+            {
+                "id": c["id"],
+                "messages": asked_messages(c, turn, answers),
+                **{f: c[f] for f in ("tools", "chat_template_kwargs") if c.get(f)},
+            }
+            for c in asked
+        ]
+        # A turn whose prompt leaves no room for its answer would fail at the server: it and
+        # the conversation's later turns are left out, the same for every method.
+        fit = room_for_answer(server, prompts, max_tokens)
+        too_long += [c["id"] for c, ok in zip(asked, fit, strict=True) if not ok]
+        asked = [c for c, ok in zip(asked, fit, strict=True) if ok]
+        prompts = [p for p, ok in zip(prompts, fit, strict=True) if ok]
+        if not prompts:
+            break
+        outs, s = generate(server, prompts, max_tokens, concurrency, stall_timeout_s)
+        seconds += s
+        outs = [
+            {
+                **o,
+                "set": c["benchmark"],
+                "mode": c["mode"],
+                "turn": turn,
+                "category": c["category"],
+                "traffic": traffic_of(c),
+            }
+            for c, o in zip(asked, outs, strict=True)
+        ]
+        if is_reference:
+            answers.update({answer_key(o): o for o in outs})
+        outs_all += outs
+    return outs_all, seconds, too_long
+
+
+def reference_answers(path, conversations: list[dict]) -> dict:
+    """The no_spec outputs an earlier evaluation stored, by answer_key: they must cover these
+    very conversations in these modes, or losslessness would compare different questions."""
+
+    if path is None:
+        raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
+    found = {answer_key(r): r for r in iter_jsonl(path) if r.get("method") == "no_spec"}
+    needed = [(c["benchmark"], c["mode"], c["id"], t) for c in conversations for t in range(turns_of(c))]
+    missing = [key for key in needed if key not in found]
+    if missing:
+        where, mode, pid, turn = missing[0]
+        raise EaglenestError(
+            f"holds no no_spec output for {len(missing)} of the {len(needed)} prompts evaluated "
+            f"(first: {pid}, turn {turn + 1} of {where} in mode {mode}): it was made for other prompts",
+            path,
+        )
+    return found
