@@ -2,12 +2,15 @@
 # offline mode, one job per shard (online and hybrid: train_draft extracts, see rules/train.smk).
 # The draft's config is not an input: changing the draft vocabulary must not re-extract.
 # Shards are ordinary outputs,
-# so deleting one rebuilds it alone; all GPU jobs share one leased vLLM server.
+# so deleting one rebuilds it alone; all GPU jobs share one leased vLLM server. A rerun (more
+# prompts: every shard's rows move) takes each sample extracted before under the same settings
+# from the run's sample store and asks the server only for the new ones.
 
 
 rule plan_hidden_states:
     input:
         metadata=rules.tokenize.output.metadata,
+        data=rules.tokenize.output.data,
         target=rules.resolve_target.output.record,
     output:
         plan=f"{RUN}/hidden_states/plan.json",
@@ -22,6 +25,14 @@ rule plan_hidden_states:
         mode=HS_MODE,
         data_loaders=data_loaders(config),
         disk_margin_gb=config["hidden_states"]["disk_margin_gb"],
+        run_dir=RUN,
+        # Offline, the samples already in the run's sample store need no new disk: the plan
+        # looks them up under the extraction's settings (eaglenest.hidden_states.store).
+        extraction=(
+            {"backend": config["hidden_states"]["backend"], "server": server_params()}
+            if HS_MODE == "offline"
+            else None
+        ),
         code=code_hash("plan_hidden_states"),
     script:
         "../scripts/plan_hidden_states.py"

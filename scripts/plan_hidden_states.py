@@ -21,4 +21,7 @@ run_logged(
     data_loaders=p.data_loaders,
     disk_margin_gb=p.disk_margin_gb,
     plan_path=sm.output.plan,
+    run_dir=p.run_dir,
+    tokenized_path=sm.input.data,
+    extraction=p.extraction,
 )

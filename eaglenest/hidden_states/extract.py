@@ -8,6 +8,8 @@ the training stage only has to link the shards' files into one folder.
 
 Two backends write identical files: vLLM (the `extract_hidden_states` speculative method and
 the hidden-states KV connector) and a transformers fallback for targets vLLM cannot serve.
+Either takes each row whose sample an earlier extraction under the same settings wrote from the
+run's sample store (eaglenest.hidden_states.store) and computes only the others.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from eaglenest.engine.server import (
     serving,
 )
 from eaglenest.hidden_states import fp8
+from eaglenest.hidden_states.store import SampleStore, extraction_settings
 from eaglenest.pipeline.workflow import resolve_device
 from eaglenest.planning.run_estimate import DTYPE_BYTES, FP8, hidden_state_bytes, peak_disk_by_mode
 from eaglenest.target.resolve import read_shape
@@ -160,14 +163,15 @@ def in_stored_format(data: dict, dtype: str) -> bool:
     )
 
 
-def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str, tally=None) -> dict:
-    """Write one sample in the stored dtype; return its manifest record (size and sha256),
-    taken from the bytes written rather than by reading the file back."""
+def _save(path: Path, hidden: torch.Tensor, token_ids: torch.Tensor, dtype: str) -> dict:
+    """Write one sample in the stored dtype; return its record: size and sha256 (taken from the
+    bytes written rather than by reading the file back) and, fp8, its error per slot."""
     from safetensors.torch import save
 
-    data = save(stored_tensors(hidden, token_ids, dtype, tally))
+    errors = fp8.SlotErrorTally()
+    data = save(stored_tensors(hidden, token_ids, dtype, errors))
     path.write_bytes(data)
-    return bytes_record(data)
+    return {**bytes_record(data), "fp8_error": errors.state()}
 
 
 def read_rows(tokenized_path, start: int, stop: int) -> list[tuple[int, dict]]:
@@ -220,24 +224,57 @@ def _hidden_states_requester(server: Server, concurrency: int, stall_timeout_s: 
 
 
 def _store_engine_file(
-    path: str, tmp: Path, item: tuple[int, dict], *, tokenized_path, hidden_size: int, dtype: str, tally
-) -> tuple[int, str, dict]:
-    """Check row `item`'s engine file at `path` and store it in `tmp`: return (tokens, file name, record)."""
+    path: str, dest: Path, item: tuple[int, dict], *, tokenized_path, hidden_size: int, dtype: str
+) -> dict:
+    """Check row `item`'s engine file at `path` and store it at `dest`: return its record."""
     from safetensors.torch import load as load_bytes
 
     i, row = item
-    ids = row["input_ids"]
     raw = _engine_file_bytes(path)
     data = load_bytes(raw)
-    validate_sample(data, ids, hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
-    out = tmp / f"hs_{i}.safetensors"
+    validate_sample(data, row["input_ids"], hidden_size, f"{tokenized_path} row {i} (id {row['id']})")
     if in_stored_format(data, dtype):
-        shutil.move(path, out)
-        record = bytes_record(raw)
-    else:
-        record = _save(out, values_of(data), data["token_ids"], dtype, tally)
-        os.remove(path)
-    return len(ids), out.name, record
+        shutil.move(path, dest)
+        return {**bytes_record(raw), "fp8_error": None}
+    record = _save(dest, values_of(data), data["token_ids"], dtype)
+    os.remove(path)
+    return record
+
+
+def _fill_shard(
+    out_dir, rows: tuple[int, int], items, make, *, hidden_size: int, dtype: str, meta: dict,
+    store: SampleStore | None = None, found: dict | None = None, threads: int = 1,
+) -> dict:  # fmt: skip
+    """Write the shard of rows `rows` [start, stop) at `out_dir`, whole or not at all, from
+    `items`: (row index, token ids, what `make` takes) each. A row in `found` (its record, from
+    `store.lookup`) is linked from the store; `make(x, dest)` writes every other one at `dest`
+    and returns its record, which the store then keeps. `threads` rows at a time (1: in this
+    thread). The manifest records each file and how many samples came from the store."""
+    found = found or {}
+    t0 = time.monotonic()
+    tally = fp8.SlotErrorTally()
+
+    def one(item, tmp: Path):
+        i, ids, x = item
+        dest = tmp / f"hs_{i}.safetensors"
+        if i in found:
+            store.link(ids, dest)
+            record = found[i]
+        else:
+            record = make(x, dest)
+            if store is not None:
+                store.keep(ids, dest, {**record, "tokens": len(ids)})
+        tally.add_state(record["fp8_error"])
+        return dest.name, len(ids), i in found, {k: record[k] for k in ("bytes", "sha256")}
+
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        try:
+            done = list((pool.map if pool else map)(lambda it: one(it, tmp), items))
+        finally:  # on a failure, fail now: queued rows are dropped (not sent to a hung server)
+            if pool:
+                pool.shutdown(wait=False, cancel_futures=True)
+        return _write_manifest(tmp, rows, done, hidden_size, dtype, meta, time.monotonic() - t0, tally)
 
 
 def extract_shard_vllm(
@@ -253,44 +290,51 @@ def extract_shard_vllm(
     meta: dict,
     concurrency: int = 4,
     stall_timeout_s: float = 1800.0,
+    store: SampleStore | None = None,
 ) -> dict:
     """Write shard `shard` of `num_shards` (of `num_rows` rows) through a running extraction
-    server. The engine's file already has the trainer's format: where it is in the stored
-    dtype it is moved into the shard (a rename), else converted once.
+    server, asking it only for the rows `store` does not hold."""
+    bounds = shard_bounds(num_rows, num_shards, shard)
+    rows = read_rows(tokenized_path, *bounds)
+    found = store.lookup(rows) if store is not None else {}
+    return _vllm_shard(
+        server, tokenized_path, out_dir, bounds, rows, found, store=store, hidden_size=hidden_size,
+        dtype=dtype, meta=meta, concurrency=concurrency, stall_timeout_s=stall_timeout_s,
+    )  # fmt: skip
+
+
+def _vllm_shard(
+    server: Server | None, tokenized_path, out_dir, bounds, rows, found, *, store, hidden_size, dtype,
+    meta, concurrency, stall_timeout_s,
+) -> dict:  # fmt: skip
+    """The vLLM backend's shard of rows `bounds` (`rows`, of which the store holds `found`;
+    `server`: None when it holds every one). The engine's file already has the trainer's format:
+    where it is in the stored dtype it is moved into the shard (a rename), else converted once.
 
     `concurrency` bounds the requests in the engine, not the file work: a row's file is read,
     checked and stored after its request slot is freed, so the engine gets its next row while
     the client writes. Each file is read once (its checksum taken from the bytes in hand)."""
     import openai
 
-    start, stop = shard_bounds(num_rows, num_shards, shard)
-    rows = read_rows(tokenized_path, start, stop)
-    request = _hidden_states_requester(server, concurrency, stall_timeout_s)
-    tally = fp8.SlotErrorTally()
-    t0 = time.monotonic()
+    request = _hidden_states_requester(server, concurrency, stall_timeout_s) if server else None
 
-    def one(item, tmp: Path):
+    def make(item, dest: Path) -> dict:
         path = request(*item)
         return _store_engine_file(
-            path, tmp, item, tokenized_path=tokenized_path, hidden_size=hidden_size, dtype=dtype, tally=tally
+            path, dest, item, tokenized_path=tokenized_path, hidden_size=hidden_size, dtype=dtype
         )
 
-    with atomic_path(out_dir, is_dir=True) as tmp:
+    items = [(i, row["input_ids"], (i, row)) for i, row in rows]
+    try:
         # Twice the request slots: while `concurrency` rows are in the engine, as many finished
         # ones can be stored.
-        pool = ThreadPoolExecutor(2 * concurrency)
-        try:
-            done = list(pool.map(lambda it: one(it, tmp), rows))
-        except openai.APIError:
-            check_alive(server)
-            raise
-        finally:  # on a failure, fail now: queued rows are dropped, not sent to a hung server
-            pool.shutdown(wait=False, cancel_futures=True)
-        tokens, files = sum(n for n, _, _ in done), {name: rec for _, name, rec in done}
-        stats = _write_manifest(
-            tmp, start, stop, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0, tally
-        )
-    return stats
+        return _fill_shard(
+            out_dir, bounds, items, make, hidden_size=hidden_size, dtype=dtype, meta=meta, store=store,
+            found=found, threads=2 * concurrency,
+        )  # fmt: skip
+    except openai.APIError:
+        check_alive(server)
+        raise
 
 
 def _engine_file_bytes(path: str) -> bytes:
@@ -307,12 +351,18 @@ def _engine_file_bytes(path: str) -> bytes:
 
 
 def _write_manifest(
-    tmp: Path, start, stop, tokens, files, hidden_size, dtype, meta, seconds, tally: fp8.SlotErrorTally
+    tmp: Path, rows: tuple[int, int], done: list, hidden_size, dtype, meta, seconds, tally: fp8.SlotErrorTally
 ) -> dict:
-    """The shard's record; `files` maps each file name to its size and sha256 (shard_check).
-    An fp8 shard records each slot's error and is refused (nothing stored) where it is too large."""
+    """The shard's record: `done` lists each file's name, tokens, whether it came from the sample
+    store, and its size and sha256 (shard_check); `tokens_per_s` counts the samples extracted
+    here. An fp8 shard records each slot's error and is refused (nothing stored) where it is
+    too large."""
+    start, stop = rows
     if problem := tally.problem():
         raise EaglenestError(f"shard {meta['shard']} (rows {start}..{stop}): {problem}", tmp.parent)
+    tokens = sum(n for _, n, _, _ in done)
+    extracted = sum(n for _, n, reused, _ in done if not reused)
+    reused = sum(1 for _, _, r, _ in done if r)
     stats = {
         "rows": [start, stop],
         "samples": stop - start,
@@ -321,13 +371,17 @@ def _write_manifest(
         "dtype": dtype,
         "bytes": hidden_state_bytes(tokens, hidden_size, dtype),
         "seconds": round(seconds, 3),
-        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+        "tokens_per_s": round(extracted / seconds, 1) if seconds > 0 and extracted else None,
         **meta,
+        "reused_samples": reused,
         "fp8_error": tally.summary(),
-        "files": dict(sorted(files.items(), key=lambda kv: int(kv[0][3:].split(".")[0]))),
+        "files": {name: record for name, _, _, record in done},  # in row order, as `items` came
     }
     (tmp / "manifest.json").write_text(json.dumps(stats, indent=2) + "\n")
-    log.info("shard rows %d..%d: %d tokens in %.1f s", start, stop, tokens, seconds)
+    log.info(
+        "shard rows %d..%d: %d tokens in %.1f s; %d of %d samples extracted, %d reused from the sample store",
+        start, stop, tokens, seconds, len(done) - reused, len(done), reused,
+    )  # fmt: skip
     return stats
 
 
@@ -343,14 +397,14 @@ def extract_shard_transformers(
     dtype: str,
     meta: dict,
     trust_remote_code: bool = False,
+    store: SampleStore | None = None,
 ) -> dict:
-    """The fallback backend: same files, computed with transformers on the local device.
+    """The fallback backend: same files, computed with transformers on the local device, for the
+    rows `store` does not hold (the model is loaded only where there is one).
 
     Slot 3 is the input of the final norm (the last decoder layer's output), as vLLM writes it,
     not transformers' `hidden_states[-1]` (which is after the norm); a hook captures it.
     """
-    from transformers import AutoModelForCausalLM
-
     shape = read_shape(target)
     if shape.multimodal:
         # AutoModelForCausalLM rejects multimodal wrappers (Kimi-K2.5), and their final norm
@@ -361,49 +415,67 @@ def extract_shard_transformers(
             "set hidden_states.backend: vllm",
             Path(target) / "config.json",
         )
+    bounds = shard_bounds(num_rows, num_shards, shard)
+    rows = read_rows(tokenized_path, *bounds)
+    found = store.lookup(rows) if store is not None else {}
+    forward = (
+        _transformers_forward(target, aux_layer_ids, trust_remote_code) if len(found) < len(rows) else None
+    )
+
+    def make(item, dest: Path) -> dict:
+        i, row = item
+        ids = torch.tensor([row["input_ids"]])
+        hidden = forward(ids)
+        validate_sample(
+            {"hidden_states": hidden, "token_ids": ids[0]},
+            row["input_ids"],
+            shape.hidden_size,
+            f"{tokenized_path} row {i}",
+        )
+        return _save(dest, hidden, ids[0], dtype)
+
+    items = [(i, row["input_ids"], (i, row)) for i, row in rows]
+    with torch.inference_mode():
+        return _fill_shard(
+            out_dir, bounds, items, make, hidden_size=shape.hidden_size, dtype=dtype, meta=meta,
+            store=store, found=found,
+        )  # fmt: skip
+
+
+def _transformers_forward(target: str, aux_layer_ids: list[int], trust_remote_code: bool):
+    """The target loaded with transformers, as `forward(ids [1, seq]) -> hidden states [seq, 4, H]`."""
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(
         target, dtype=torch.float32, trust_remote_code=trust_remote_code
     ).eval()
-    hidden_size = model.config.hidden_size
     captured = {}
     model.model.norm.register_forward_hook(
         lambda _m, inputs, _out: captured.__setitem__("pre_norm", inputs[0])
     )
-    start, stop = shard_bounds(num_rows, num_shards, shard)
 
-    def samples():
-        for i, row in read_rows(tokenized_path, start, stop):
-            ids = torch.tensor([row["input_ids"]])
-            out = model(ids, output_hidden_states=True)
-            layers = [out.hidden_states[j][0] for j in aux_layer_ids] + [captured["pre_norm"][0]]
-            hidden = torch.stack(layers, dim=1)
-            validate_sample(
-                {"hidden_states": hidden, "token_ids": ids[0]},
-                row["input_ids"],
-                hidden_size,
-                f"{tokenized_path} row {i}",
-            )
-            yield i, hidden, ids[0]
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        out = model(ids, output_hidden_states=True)
+        layers = [out.hidden_states[j][0] for j in aux_layer_ids] + [captured["pre_norm"][0]]
+        return torch.stack(layers, dim=1)
 
-    with torch.inference_mode():
-        return write_shard(
-            out_dir, samples(), rows=(start, stop), hidden_size=hidden_size, dtype=dtype, meta=meta
-        )
+    return forward
 
 
 def write_shard(out_dir, samples, *, rows: tuple[int, int], hidden_size: int, dtype: str, meta: dict) -> dict:
     """Store `samples` (row index, hidden states [seq, 4, H], token ids) as the shard of `rows`
     [start, stop): each file in the stored dtype, then the manifest. Nothing is at `out_dir`
     unless every sample was written (and, fp8, no slot's error is past the limit)."""
-    t0 = time.monotonic()
-    tokens, files, tally = 0, {}, fp8.SlotErrorTally()
-    with atomic_path(out_dir, is_dir=True) as tmp:
-        for i, hidden, token_ids in samples:
-            files[f"hs_{i}.safetensors"] = _save(tmp / f"hs_{i}.safetensors", hidden, token_ids, dtype, tally)
-            tokens += token_ids.shape[0]
-        return _write_manifest(
-            tmp, *rows, tokens, files, hidden_size, dtype, meta, time.monotonic() - t0, tally
-        )
+    items = ((i, token_ids, (hidden, token_ids)) for i, hidden, token_ids in samples)
+    return _fill_shard(
+        out_dir,
+        rows,
+        items,
+        lambda x, dest: _save(dest, *x, dtype),
+        hidden_size=hidden_size,
+        dtype=dtype,
+        meta=meta,
+    )
 
 
 def check_free_space(out_dir, needed: int, margin_bytes: int, mode: str, peaks: dict, dtype: str) -> None:
@@ -453,9 +525,15 @@ def plan_stage(
     plan_path,
     mode: str = "offline",
     data_loaders: int = 1,
+    run_dir=None,
+    tokenized_path=None,
+    extraction: dict | None = None,
 ) -> dict:
     """The `plan_hidden_states` rule: fix the layers to extract, state the bytes each mode will
-    keep on disk at its peak, and refuse if the chosen mode's peak and the margin do not fit."""
+    keep on disk at its peak, and refuse if the chosen mode's peak and the margin do not fit.
+    Offline, with the `extraction` settings (backend, server params) of a run (`run_dir`), the
+    samples of `tokenized_path` its sample store holds need no new disk: the check counts the
+    others only."""
 
     meta = read_json(metadata_path)
     shape = read_shape(target)
@@ -488,9 +566,30 @@ def plan_stage(
         ", ".join(f"{m} {human_bytes(b)}" for m, b in peaks.items()),
         mode,
     )
-    check_free_space(out_dir, peaks[mode], int(disk_margin_gb * 1e9), mode, peaks, dtype)
+    needed = peaks[mode]
+    if mode == "offline" and extraction is not None:
+        plan["reusable"] = _reusable(run_dir, target, plan, tokenized_path, extraction)
+        needed -= plan["reusable"]["bytes"]
+    check_free_space(out_dir, needed, int(disk_margin_gb * 1e9), mode, peaks, dtype)
     write_json(plan_path, plan)
     return plan
+
+
+def _reusable(run_dir, target: str, plan: dict, tokenized_path, extraction: dict) -> dict:
+    """The samples of the tokenized rows that the run's sample store already holds, and their bytes.
+    (The device in the key is resolved where the plan runs: with `vllm.device: auto` and the plan
+    on another kind of node than extraction, none are counted, which only over-states the need.)"""
+    dtype, backend = plan["dtype"], extraction["backend"]
+    store = sample_store(run_dir, target, plan, dtype, backend, extraction["server"])
+    rows = read_rows(tokenized_path, 0, plan["samples"]) if store.folder.is_dir() else []
+    found = store.lookup(rows)
+    tokens = sum(len(row["input_ids"]) for i, row in rows if i in found)
+    reusable = {"samples": len(found), "bytes": hidden_state_bytes(tokens, plan["hidden_size"], dtype)}
+    log.info(
+        "sample store %s holds %d of the %d samples (%s): extraction writes the other %d",
+        store.key, len(found), plan["samples"], human_bytes(reusable["bytes"]), plan["samples"] - len(found),
+    )  # fmt: skip
+    return reusable
 
 
 def extract_stage(
@@ -574,6 +673,7 @@ def _extract(
 
     aux, hidden = plan["aux_layer_ids"], plan["hidden_size"]
     meta = {"aux_layer_ids": aux, "backend": backend, "shard": shard, "num_shards": num_shards}
+    store = sample_store(run_dir, target, plan, dtype, backend, server_cfg)
     if backend == "transformers":
         return extract_shard_transformers(
             target,
@@ -586,21 +686,30 @@ def _extract(
             dtype=dtype,
             meta=meta,
             trust_remote_code=trust_remote_code,
+            store=store,
         )
+    bounds = shard_bounds(plan["samples"], num_shards, shard)
+    rows = read_rows(tokenized_path, *bounds)
+    found = store.lookup(rows)
+    kw = dict(store=store, hidden_size=hidden, dtype=dtype, meta=meta, concurrency=concurrency,
+              stall_timeout_s=server_cfg["stall_timeout_s"])  # fmt: skip
+    if len(found) == len(rows):  # nothing to ask the engine: no server is started
+        return _vllm_shard(None, tokenized_path, out_dir, bounds, rows, found, **kw)
     spec = extraction_server_spec(run_dir, target, plan, server_cfg, dtype)
     with serving(
         spec, run_dir, reuse=server_cfg["reuse"], timeout_s=server_cfg["startup_timeout_s"]
     ) as server:
-        return extract_shard_vllm(
-            server,
-            tokenized_path,
-            out_dir,
-            num_rows=plan["samples"],
-            shard=shard,
-            num_shards=num_shards,
-            hidden_size=hidden,
-            dtype=dtype,
-            meta=meta,
-            concurrency=concurrency,
-            stall_timeout_s=server_cfg["stall_timeout_s"],
-        )
+        return _vllm_shard(server, tokenized_path, out_dir, bounds, rows, found, **kw)
+
+
+def sample_store(run_dir, target: str, plan: dict, dtype: str, backend: str, server_cfg: dict) -> SampleStore:
+    """The run's store of samples extracted under these settings (eaglenest.hidden_states.store)."""
+    settings = extraction_settings(
+        target=target,
+        aux_layer_ids=plan["aux_layer_ids"],
+        num_layers=plan["target_num_layers"],
+        dtype=dtype,
+        backend=backend,
+        server_cfg=server_cfg,
+    )
+    return SampleStore(run_dir, settings)

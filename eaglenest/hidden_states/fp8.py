@@ -54,11 +54,25 @@ class SlotErrorTally:
         self._tokens = 0
 
     def add(self, errors: torch.Tensor) -> None:
+        self._add(errors.sum(dim=0).double(), errors.amax(dim=0).double(), errors.shape[0])
+
+    def _add(self, total: torch.Tensor, worst: torch.Tensor, tokens: int) -> None:
         with self._lock:
-            total, worst = errors.sum(dim=0).double(), errors.amax(dim=0).double()
             self._sum = total if self._sum is None else self._sum + total
             self._max = worst if self._max is None else torch.maximum(self._max, worst)
-            self._tokens += errors.shape[0]
+            self._tokens += tokens
+
+    def state(self) -> dict | None:
+        """What `add_state` adds to another tally, exactly (JSON: a sample's part, kept beside
+        it in the sample store); None when nothing was quantized."""
+        if not self._tokens:
+            return None
+        return {"sum": self._sum.tolist(), "max": self._max.tolist(), "tokens": self._tokens}
+
+    def add_state(self, state: dict | None) -> None:
+        if state is not None:
+            total, worst = (torch.tensor(state[k], dtype=torch.float64) for k in ("sum", "max"))
+            self._add(total, worst, state["tokens"])
 
     def summary(self) -> dict | None:
         """The manifest's record: mean and largest per-token error of each slot; None when no

@@ -99,6 +99,10 @@ def verify_shards(shard_dirs, checksums: bool = False) -> dict:
     shard_dirs = [Path(s) for s in shard_dirs]
     problems = [p for s in shard_dirs for p in check_shard(s, checksums)]
     if problems:
+        # The run's sample store links the same files: a rebuild must not take them back from it.
+        from eaglenest.hidden_states.store import forget
+
+        forget(p.file for p in problems)
         lines = [f"{p.file} (shard {p.shard.name}): {p.problem}" for p in problems[:20]]
         if len(problems) > 20:
             lines.append(f"... and {len(problems) - 20} more")

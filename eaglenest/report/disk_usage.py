@@ -6,7 +6,8 @@ folder per training spec (`.eaglenest/train/<spec>`), as hybrid mode keeps its s
 run's disk by stage is the size of its folders: the top-level entries, with `.eaglenest/` and
 `variants/` split one level further (each training spec, each sweep variant). A file linked from
 two places (hybrid's kept samples and the trainer's cache) is counted once, where it is met
-first; a symbolic link (the trainer's data folder links the shards) is not followed.
+first, the sample store (its links to the shards' files) last; a symbolic link (the trainer's
+data folder links the shards) is not followed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import human_bytes
+from eaglenest.hidden_states.store import STORE_DIR
 
 # Folders whose entries are reported one by one: what each training spec and variant holds.
 SPLIT = (".eaglenest", ".eaglenest/train", "variants")
@@ -42,7 +44,9 @@ def folder_usage(run_dir) -> list[dict]:
         raise EaglenestError("not a run folder (no such directory)", run_dir)
     seen: set[tuple[int, int]] = set()
     rows = []
-    for entry in _entries(run_dir):
+    # The sample store links the shards' files: it is met last, so its row holds only what no
+    # shard holds.
+    for entry in sorted(_entries(run_dir), key=lambda e: e.relative_to(run_dir).as_posix() == STORE_DIR):
         size = files = 0
         walk = (
             os.walk(entry)

@@ -30,6 +30,7 @@ from eaglenest.draft.algorithms import draft_algorithm
 from eaglenest.engine.server import Lease
 from eaglenest.hidden_states.extract import FP8
 from eaglenest.hidden_states.shard_check import verify_shards
+from eaglenest.hidden_states.store import prune as prune_sample_store
 from eaglenest.pipeline.workflow import resolve_device
 from eaglenest.planning.run_estimate import SHARED_GPU_SERVER_MEMORY, job_gpus
 from eaglenest.training.checkpoints import (
@@ -76,6 +77,9 @@ def _verify_inputs(
         # A file truncated or corrupted after its shard finished must fail here, naming the
         # file and the shard, not hours into training inside speculators' data loader.
         log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
+    # Every shard is whole (online and hybrid: none is made): a stored sample none of them holds
+    # is of rows, or settings, the run no longer has.
+    log.info("sample store, samples no shard holds removed: %s", prune_sample_store(run_dir))
     hs_sources = shard_dirs if offline else [plan_path]
     log.info(
         "training inputs agree: %s", check_training_inputs(draft_config_path, hs_sources, t2d_npy, d2t_npy)
