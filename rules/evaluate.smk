@@ -62,6 +62,10 @@ rule evaluate_acceptance:
         concurrency=config["evaluate"]["concurrency"],
         ngram=config["evaluate"]["ngram"],
         modes=config["modes"],
+        # The servers parse as regeneration's do; held-out tool loops are replayed up to the cap.
+        reasoning_parser=config["target"]["reasoning_parser"],
+        tool_call_parser=config["target"]["tool_call_parser"],
+        max_tool_rounds=config["regenerate"]["max_tool_rounds"],
         # vLLM loads the DFlash mend by its plugin name; no stage imports it.
         code=code_hash("evaluate_acceptance", also=("engine.vllm_cpu_dflash",)),
     script:

@@ -94,6 +94,7 @@ use rule evaluate_acceptance as evaluate_acceptance_variant with:
         table=f"{VARIANT_DIR}/eval/acceptance.csv",
         plot=f"{VARIANT_DIR}/eval/per_position_acceptance.png",
         sets=f"{VARIANT_DIR}/eval/benchmarks.csv",
+        sets_plot=f"{VARIANT_DIR}/eval/acceptance_by_set.png",
         requests=f"{VARIANT_DIR}/eval/requests.csv",
         request_plot=f"{VARIANT_DIR}/eval/acceptance_by_request.png",
     log:

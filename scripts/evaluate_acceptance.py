@@ -33,4 +33,7 @@ run_logged(
     # A sweep's variant evaluates its draft alone; the run's own evaluation holds no_spec's outputs.
     reference_outputs=sm.input.get("reference"),
     modes=[dict(m) for m in p.modes],
+    reasoning_parser=p.reasoning_parser,
+    tool_call_parser=p.tool_call_parser,
+    max_tool_rounds=p.max_tool_rounds,
 )

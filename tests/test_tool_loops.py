@@ -380,3 +380,54 @@ def test_a_prompt_whose_mode_changed_is_asked_again_in_its_new_mode(tmp_path):
     assert seen[0]["chat_template_kwargs"] == {"thinking": False}
     assert (counts["sent"], counts["resumed"]) == (1, 1)
     assert (out["p0"]["mode"], out["p1"]["mode"]) == ("thinking", "instant")
+
+
+def test_evaluation_replays_a_held_out_tool_loop_round_by_round(tmp_path):
+    """A held-out prompt with recorded tool results is asked as a loop: the reference (no_spec)
+    calls, gets the recorded result, answers; every other method is asked the very same rounds,
+    the reference's calls sent back with their ids and exact argument strings and its reasoning
+    under `reasoning`. Each round is a request of the tool_loop class. A loop whose call has no
+    recorded result stops there, for every method alike."""
+    from eaglenest.evaluation.asking import ask_conversations, held_out_conversations, in_mode
+
+    def script(body):
+        if "add_generation_prompt" in body:  # the /tokenize room check
+            return {"count": 5, "max_model_len": 100}
+        if rounds(body) == 0:
+            name = "get_time" if "time" in asks(body) else "get_weather"
+            message = answer("", calls=[call(name, '{"tz":  "UTC"}', 0)], reasoning="Need the clock.")
+        else:
+            message = answer("It is noon.")
+        return {**message, "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}
+
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    rows = [
+        {"id": "t", "messages": [{"role": "user", "content": "What time is it?"}], "tools": tools,
+         "tool_results": [{"name": "get_time", "content": "12:00"}]},
+        {"id": "w", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools,
+         "tool_results": [{"name": "get_time", "content": "12:00"}]},
+    ]  # fmt: skip
+    path = tmp_path / "eval_prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    conversations = in_mode(
+        held_out_conversations(path, max_tool_rounds=3), {"name": "default", "chat_template_kwargs": {}}
+    )
+    gen = {"max_tokens": 4, "concurrency": 1, "stall_timeout_s": 30}
+    answers: dict = {}
+    with fake_server(tmp_path, script) as (server, seen):
+        reference, _, _ = ask_conversations(server, conversations, answers, is_reference=True, **gen)
+        asked_reference = [b for b in seen if "add_generation_prompt" not in b]
+        seen.clear()
+        draft, _, _ = ask_conversations(server, conversations, answers, is_reference=False, **gen)
+        asked_draft = [b for b in seen if "add_generation_prompt" not in b]
+    assert [(o["id"], o["turn"], o["traffic"]) for o in reference] == [
+        ("t", 0, "tool_loop"), ("w", 0, "tool_loop"), ("t", 1, "tool_loop")
+    ]  # fmt: skip
+    assert [(o["id"], o["turn"]) for o in draft] == [(o["id"], o["turn"]) for o in reference]
+    assert asked_draft == asked_reference
+    second = asked_reference[-1]
+    assert second["tool_choice"] == "auto" and second["tools"] == tools
+    assistant, result = second["messages"][1:]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == '{"tz":  "UTC"}'
+    assert assistant["reasoning"] == "Need the clock." and "reasoning_content" not in assistant
+    assert result == {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "content": "12:00"}

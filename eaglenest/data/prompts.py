@@ -125,7 +125,7 @@ BUNDLED_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
 DEFAULT_BUNDLED = "default.jsonl"
 
 SOURCE_TYPES = ("bundled", "jsonl", "parquet", "hf", "bfcl", "sharegpt")
-_COMMON_KEYS = {"name", "type", "samples", "responses"}
+_COMMON_KEYS = {"name", "type", "samples", "responses", "eval_samples"}
 _TYPE_KEYS = {
     "bundled": {"path"},
     "jsonl": {"path"},
@@ -675,16 +675,32 @@ def collect(sources: list[dict], seed: int, modes=None, exclude=frozenset()) -> 
     return rows, per_source, total_drops
 
 
-def split_eval(rows: list[dict], eval_samples: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """Deterministically hold out `eval_samples` rows; return (train, eval), both in input order."""
-    if isinstance(eval_samples, bool) or not isinstance(eval_samples, int) or eval_samples < 0:
-        raise EaglenestError(f"prompts: 'eval_samples' must be a non-negative integer, got {eval_samples!r}")
-    if eval_samples >= len(rows):
+def split_eval(
+    rows: list[dict], eval_samples: int, seed: int, per_source: dict[str, int] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Deterministically hold out rows; return (train, eval), both in input order. A source with
+    its own `eval_samples` (`per_source`) gives that many of its rows, drawn on their own, so a
+    small class of traffic (tool loops) is sure to be evaluated; `eval_samples` are drawn from
+    the other sources' rows."""
+    per_source = per_source or {}
+    for count in (eval_samples, *per_source.values()):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise EaglenestError(f"prompts: 'eval_samples' must be a non-negative integer, got {count!r}")
+    rest = [i for i, r in enumerate(rows) if r["source"] not in per_source]
+    if eval_samples >= len(rest):
         raise EaglenestError(
             f"prompts: eval_samples ({eval_samples}) must be smaller than the number of prompts "
-            f"kept ({len(rows)}), or nothing is left to train on"
+            f"kept ({len(rest)}), or nothing is left to train on"
         )
-    held = set(random.Random(f"{seed}/eval").sample(range(len(rows)), eval_samples))
+    held = {rest[j] for j in random.Random(f"{seed}/eval").sample(range(len(rest)), eval_samples)}
+    for name, count in per_source.items():
+        own = [i for i, r in enumerate(rows) if r["source"] == name]
+        if count >= len(own):
+            raise EaglenestError(
+                f"prompts: source '{name}': eval_samples ({count}) must be smaller than its prompts "
+                f"kept ({len(own)}), or nothing of it is left to train on"
+            )
+        held |= {own[j] for j in random.Random(f"{seed}/eval/{name}").sample(range(len(own)), count)}
     train = [r for i, r in enumerate(rows) if i not in held]
     # A held-out prompt is asked of the target and its drafts, whatever its source answered.
     evals = [
@@ -711,7 +727,8 @@ def prepare_stage(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise EaglenestError(f"prompts: 'seed' must be an integer, got {seed!r}")
     rows, per_source, drops = collect(sources, seed, modes, benchmark_prompts)
-    train, evals = split_eval(rows, eval_samples, seed)
+    per_source_eval = {src["name"]: src["eval_samples"] for src in sources if "eval_samples" in src}
+    train, evals = split_eval(rows, eval_samples, seed, per_source_eval)
     stats = {
         "seed": seed,
         "eval_samples": eval_samples,

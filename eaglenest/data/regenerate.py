@@ -207,7 +207,7 @@ def request_message(message: dict) -> dict:
     return out
 
 
-def _reply(message: dict) -> dict:
+def reply_message(message: dict) -> dict:
     """The assistant message recorded from a response message."""
     reply = {"role": "assistant", "content": message.get("content") or ""}
     reasoning = message.get("reasoning_content") or message.get("reasoning")
@@ -229,7 +229,7 @@ def _reply(message: dict) -> dict:
     return reply
 
 
-def _results_for(calls: list[dict], recorded: dict[str, list[str]]) -> tuple[list[dict], str | None]:
+def results_for(calls: list[dict], recorded: dict[str, list[str]]) -> tuple[list[dict], str | None]:
     """The tool messages answering `calls` from the row's recorded results (taken by name, in
     order, so parallel calls get theirs), or the reason the loop stops there."""
     out = []
@@ -247,6 +247,14 @@ def _results_for(calls: list[dict], recorded: dict[str, list[str]]) -> tuple[lis
     return out, None
 
 
+def recorded_results(prompt: dict) -> dict[str, list[str]]:
+    """A row's recorded tool results by tool name, in order: what answers its calls."""
+    recorded: dict[str, list[str]] = {}
+    for result in prompt.get("tool_results", ()):
+        recorded.setdefault(result["name"], []).append(result["content"])
+    return recorded
+
+
 class RawToolMarkup(EaglenestError):
     """A tools row answered with tool-call markup in its text: the server parses no tool calls."""
 
@@ -257,15 +265,13 @@ async def _loop(
     """Continue one sampled answer through its tool loop: every generation's served ids, the
     conversation as it went, and why it was cut (None: the target answered without a call)."""
     messages = list(prompt["messages"])
-    recorded: dict[str, list[str]] = {}
-    for result in prompt.get("tool_results", ()):
-        recorded.setdefault(result["name"], []).append(result["content"])
+    recorded = recorded_results(prompt)
     res, generations, cut = first, [], None
     for round_ in range(max_rounds):
         if round_:
             res = await post({**body, "n": 1, "messages": [request_message(m) for m in messages]})
             choice = res["choices"][0]
-        reply = _reply(choice["message"])
+        reply = reply_message(choice["message"])
         if "tools" in prompt and parser is None and TOOL_MARKUP.search(reply["content"]):
             raise RawToolMarkup(
                 f"prompt {prompt['id']}: the target answered a tools row with tool-call markup in its "
@@ -286,7 +292,7 @@ async def _loop(
         if round_ == max_rounds - 1:  # no generation left to answer the results
             cut = "rounds_cap"
             break
-        results, cut = _results_for(reply["tool_calls"], recorded)
+        results, cut = results_for(reply["tool_calls"], recorded)
         if cut:
             break
         messages += results

@@ -3,8 +3,12 @@
 What is asked is a list of conversations: a held-out prompt is one asked once (its own messages,
 its tools); a benchmark conversation is a run of user turns, turn t asked after the reference's
 (no_spec's) greedy answers to the turns before it, as MT-Bench does, so every method is asked
-the same prompts and its outputs compare token for token. Every conversation is asked in every
-configured mode: the mode's template switches go at the top level of each request, where vLLM
+the same prompts and its outputs compare token for token. A held-out prompt that calls tools and
+recorded their results is replayed as a tool loop (traffic class `tool_loop`, where the target
+has a tool-call parser): round r is the prompt, the reference's calls of the rounds before it
+(ids and exact arguments, as regeneration sends them back) and the recorded results answering
+them, so every method is asked each round the reference reached. Every conversation is asked in
+every configured mode: the mode's template switches go at the top level of each request, where vLLM
 reads them. Evaluation is greedy in every mode (a mode's sampling is its regeneration's):
 losslessness is a token-for-token comparison, which sampling would void.
 """
@@ -19,22 +23,22 @@ from concurrent.futures import ThreadPoolExecutor
 from eaglenest.core.errors import EaglenestError
 from eaglenest.core.io import iter_jsonl
 from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
+from eaglenest.data.regenerate import recorded_results, reply_message, request_message, results_for
 from eaglenest.engine.server import SERVED_NAME, Server, ServerError, StallWatch
 from eaglenest.evaluation.figures import answer_key
 
 
-def held_out_conversations(path) -> list[dict]:
-    """The held-out prompts as conversations of one turn, each with its tools."""
-    conversations = [
-        {
-            "benchmark": HELD_OUT,
-            "id": r["id"],
-            "category": "all",
-            "messages": r["messages"],
-            **({"tools": r["tools"]} if r.get("tools") else {}),
-        }
-        for r in iter_jsonl(path)
-    ]
+def held_out_conversations(path, max_tool_rounds: int = 0) -> list[dict]:
+    """The held-out prompts as conversations of one turn, each with its tools; a prompt with
+    recorded tool results as a tool loop of up to `max_tool_rounds` rounds (0: none is)."""
+    conversations = []
+    for r in iter_jsonl(path):
+        c = {"benchmark": HELD_OUT, "id": r["id"], "category": "all", "messages": r["messages"]}
+        if r.get("tools"):
+            c["tools"] = r["tools"]
+            if max_tool_rounds and r.get("tool_results"):
+                c.update(tool_results=r["tool_results"], max_rounds=max_tool_rounds)
+        conversations.append(c)
     if not conversations:
         raise EaglenestError("no held-out prompts to evaluate on", path)
     return conversations
@@ -47,48 +51,86 @@ def in_mode(conversations: list[dict], mode: dict) -> list[dict]:
 
 
 def turns_of(conversation: dict) -> int:
+    """How many turns a conversation has at most (a tool loop: its rounds)."""
+    if "max_rounds" in conversation:
+        return conversation["max_rounds"]
     return 1 if "messages" in conversation else len(conversation["turns"])
 
 
-def asked_messages(conversation: dict, turn: int, answers: dict) -> list[dict]:
-    """The chat a conversation's turn is asked with."""
-    if "messages" in conversation:
-        return conversation["messages"]
+def asked_messages(conversation: dict, turn: int, answers: dict) -> list[dict] | None:
+    """The chat a conversation's turn is asked with; None where the reference's tool loop
+    ended before this round."""
     c = conversation
+    if "max_rounds" in c:
+        return loop_messages(c, turn, answers)
+    if "messages" in c:
+        return c["messages"]
     return turn_messages(
         c, turn, [answers[(c["benchmark"], c["mode"], c["id"], t)]["text"] for t in range(turn)]
     )
 
 
+def loop_messages(c: dict, turn: int, answers: dict) -> list[dict] | None:
+    """Round `turn` of a replayed tool loop: the prompt, then each earlier round's reference
+    answer (its reasoning, its calls with their ids and exact arguments) and the recorded results
+    answering its calls; None where the reference answered without a call, or its calls have no
+    recorded result, before this round."""
+    messages = list(c["messages"])
+    recorded = recorded_results(c)
+    for r in range(turn):
+        reference = answers.get((c["benchmark"], c["mode"], c["id"], r))
+        if reference is None or not reference.get("tool_calls"):
+            return None
+        reply = {"role": "assistant", "content": reference["text"], "tool_calls": reference["tool_calls"]}
+        if reference.get("reasoning"):
+            reply["reasoning_content"] = reference["reasoning"]
+        results, cut = results_for(reply["tool_calls"], recorded)
+        if cut:
+            return None
+        messages += [request_message(reply), *results]
+    return messages
+
+
 def request_fields(asked: dict) -> dict:
     """A request's fields besides its messages: its mode's switches, and its tools (with
-    tool_choice none: evaluation measures the answer, it runs no tool loop)."""
+    tool_choice none, the target answering, except in a replayed tool loop)."""
     fields = {}
     if asked.get("chat_template_kwargs"):
         fields["chat_template_kwargs"] = asked["chat_template_kwargs"]
     if asked.get("tools"):
-        fields.update(tools=asked["tools"], tool_choice="none")
+        # A replayed loop lets the target call (the server parses its calls); otherwise it answers.
+        fields.update(tools=asked["tools"], tool_choice="auto" if asked.get("max_rounds") else "none")
     return fields
 
 
 def traffic_of(asked: dict) -> str:
-    """The traffic class of a request, for the figures per class: with tools or without."""
+    """The traffic class of a request, for the figures per class: a round of a replayed tool
+    loop, a prompt answered with tools, or a chat."""
+    if asked.get("max_rounds"):
+        return "tool_loop"
     return "tool" if asked.get("tools") else "chat"
 
 
 def response_row(prompt_id: str, response: dict) -> dict:
     """What evaluation keeps of one chat-completion response (its JSON body): the greedy text
-    and token ids, the token counts, and vLLM's per-request spec-decode metrics (None without
-    speculation)."""
+    and token ids, the token counts, vLLM's per-request spec-decode metrics (None without
+    speculation), and its calls and reasoning where the server parsed some."""
     choice = response["choices"][0]
-    return {
+    reply = reply_message(choice["message"])
+    row = {
         "id": prompt_id,
-        "text": choice["message"].get("content") or "",
+        "text": reply["content"],
         "token_ids": choice.get("token_ids"),
         "prompt_tokens": response["usage"]["prompt_tokens"],
         "completion_tokens": response["usage"]["completion_tokens"],
         "spec": (response.get("metrics") or {}).get("speculative_decoding"),
     }
+    # A tool loop's next round is asked after the reference's reasoning and calls.
+    if reply.get("tool_calls"):
+        row["tool_calls"] = reply["tool_calls"]
+    if reply.get("reasoning_content"):
+        row["reasoning"] = reply["reasoning_content"]
+    return row
 
 
 def generate(server: Server, prompts: list[dict], max_tokens: int, concurrency: int, stall_timeout_s: float):
@@ -181,6 +223,10 @@ def room_for_answer(server: Server, prompts: list[dict], max_tokens: int) -> lis
     return fits
 
 
+# What a request carries from its conversation besides its messages (request_fields reads them).
+ASKED_FIELDS = ("tools", "chat_template_kwargs", "max_rounds")
+
+
 def ask_conversations(
     server,
     conversations: list[dict],
@@ -197,15 +243,17 @@ def ask_conversations(
     and the conversations left out for want of room."""
     outs_all, seconds, too_long = [], 0.0, []
     for turn in range(max(map(turns_of, conversations), default=0)):
-        asked = [c for c in conversations if turns_of(c) > turn and c["id"] not in too_long]
-        prompts = [
-            {
-                "id": c["id"],
-                "messages": asked_messages(c, turn, answers),
-                **{f: c[f] for f in ("tools", "chat_template_kwargs") if c.get(f)},
-            }
-            for c in asked
-        ]
+        asked, prompts = [], []
+        for c in conversations:
+            if turns_of(c) <= turn or c["id"] in too_long:
+                continue
+            messages = asked_messages(c, turn, answers)
+            if messages is None:  # the reference's tool loop ended before this round
+                continue
+            asked.append(c)
+            prompts.append(
+                {"id": c["id"], "messages": messages, **{f: c[f] for f in ASKED_FIELDS if c.get(f)}}
+            )
         # A turn whose prompt leaves no room for its answer would fail at the server: it and
         # the conversation's later turns are left out, the same for every method.
         fit = room_for_answer(server, prompts, max_tokens)
@@ -240,7 +288,12 @@ def reference_answers(path, conversations: list[dict]) -> dict:
     if path is None:
         raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
     found = {answer_key(r): r for r in iter_jsonl(path) if r.get("method") == "no_spec"}
-    needed = [(c["benchmark"], c["mode"], c["id"], t) for c in conversations for t in range(turns_of(c))]
+    # A replayed loop's later rounds are the reference's own: asked only where it reached them.
+    needed = [
+        (c["benchmark"], c["mode"], c["id"], t)
+        for c in conversations
+        for t in range(1 if "max_rounds" in c else turns_of(c))
+    ]
     missing = [key for key in needed if key not in found]
     if missing:
         where, mode, pid, turn = missing[0]

@@ -39,17 +39,21 @@ from eaglenest.evaluation.methods import DRAFTS, METHODS, method_server
 from eaglenest.evaluation.plots import plot_per_position, plot_requests, plot_sets
 from eaglenest.evaluation.tables import request_rows, write_requests, write_set_table, write_table
 from eaglenest.evaluation.untrained_draft import make_untrained_draft
+from eaglenest.pipeline.workflow import with_parsers
 from eaglenest.target.resolve import load_tokenizer
 
 log = logging.getLogger(__name__)
 
 STORED_FIELDS = ("method", "set", "mode", "id", "turn", "token_ids", "text")
+# Kept where present: a replayed tool loop's next round is asked after the reference's.
+STORED_IF_PRESENT = ("tool_calls", "reasoning")
 
 
-def evaluated_conversations(held_out_path, benchmarks_path, modes) -> list[dict]:
-    """Every conversation the methods are asked: the held-out prompts, then each benchmark's, in
-    each configured mode."""
-    conversations = held_out_conversations(held_out_path)
+def evaluated_conversations(held_out_path, benchmarks_path, modes, max_tool_rounds: int = 0) -> list[dict]:
+    """Every conversation the methods are asked: the held-out prompts (those with recorded tool
+    results as tool loops of up to `max_tool_rounds` rounds), then each benchmark's, in each
+    configured mode."""
+    conversations = held_out_conversations(held_out_path, max_tool_rounds)
     if benchmarks_path:
         conversations += read_jsonl(benchmarks_path)
     return [c for mode in checked_modes(modes) for c in in_mode(conversations, mode)]
@@ -140,10 +144,8 @@ def _judge_lossless(per_set, stored, answers, methods, server_cfg, reference_out
     # draft is judged against that floor. Where n-gram is exact, any difference is a bug.
     tp = tensor_parallel_size(server_cfg["base_args"])
     # A sweep's variant takes n-gram's outputs from the run's evaluation; a run without n-gram has none.
-    if "ngram" in methods or reference_outputs is None:
-        rows = stored
-    else:
-        rows = list(iter_jsonl(reference_outputs))
+    own = "ngram" in methods or reference_outputs is None
+    rows = stored if own else list(iter_jsonl(reference_outputs))
     floor = ngram_identical_fraction(rows, answers)
     noisy = floor is not None and (tp > 1 or floor < 1)
     if noisy:
@@ -179,17 +181,29 @@ def evaluate_stage(
     methods=METHODS,
     reference_outputs=None,
     modes=None,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
+    max_tool_rounds: int = 0,
 ) -> dict:
     """The `evaluate_acceptance` rule: each of `methods` on one server each, asked every
     conversation of the held-out prompts and of `benchmarks_path` (eaglenest.data.benchmarks) in
     every mode. Every greedy output goes to `out_outputs` (JSONL: method, set, mode, id, turn,
     token_ids, text). Without no_spec among `methods` (a sweep's variant), losslessness and the
     earlier turns' answers come from the no_spec outputs in `reference_outputs`, an earlier
-    evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.resolve.Target)."""
+    evaluation's `out_outputs`. `target` is the resolved target (eaglenest.target.resolve.Target).
+    The servers parse reasoning and tool calls as regeneration's do; with a tool-call parser, the
+    held-out prompts with recorded tool results are replayed as loops of up to
+    `max_tool_rounds` rounds."""
     from eaglenest.evaluation.spans import SpanLabeller
 
     tokenizer = _checked_tokenizer(target, metadata_path)
-    conversations = evaluated_conversations(prompts_path, benchmarks_path, modes)
+    server_cfg = {
+        **server_cfg,
+        "base_args": list(with_parsers(tuple(server_cfg["base_args"]), reasoning_parser, tool_call_parser)),
+    }
+    conversations = evaluated_conversations(
+        prompts_path, benchmarks_path, modes, max_tool_rounds if tool_call_parser else 0
+    )
     # no_spec's outputs by (set, mode, id, turn): the reference every method must equal, and the
     # answers a conversation's later turns are asked after.
     answers = {} if "no_spec" in methods else reference_answers(reference_outputs, conversations)
@@ -227,7 +241,13 @@ def evaluate_stage(
             if name != HELD_OUT
         },
     }
-    write_jsonl(out_outputs, [{f: o[f] for f in STORED_FIELDS} for o in stored])
+    write_jsonl(
+        out_outputs,
+        [
+            {**{f: o[f] for f in STORED_FIELDS}, **{f: o[f] for f in STORED_IF_PRESENT if f in o}}
+            for o in stored
+        ],
+    )
     write_table(results, out_csv)
     plot_per_position(results, out_png)
     if out_sets:
