@@ -100,6 +100,17 @@ def test_hub_id_resolves_offline_from_the_cache(tmp_path):
     assert status["cached"] and status["commit"] == commit and status["bytes"] > 64
 
 
+def test_a_hub_cache_under_a_dot_cache_folder_resolves(tmp_path):
+    """The hub's default cache is ~/.cache/huggingface: a snapshot there is the user's model, its
+    weights found, however the folders above it are named (only the snapshot's own .cache is
+    the hub client's download state)."""
+    cache = tmp_path / ".cache" / "huggingface" / "hub"
+    commit = publish_to_hub_cache(model_folder(tmp_path / "m", NESTED), REPO_ID, cache)
+    target = resolve_target(REPO_ID, cache_dir=cache)
+    assert target.commit == commit
+    assert sorted(name for name, _ in target.files) == ["config.json", "model.safetensors"]
+
+
 def test_hub_id_resolves_through_hf_hub_cache_like_huggingface_hub(tmp_path, monkeypatch):
     """With no cache_dir, the cache is huggingface_hub's own: HF_HUB_CACHE is respected."""
     import huggingface_hub.constants as constants

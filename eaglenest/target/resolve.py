@@ -383,7 +383,8 @@ def _check_complete(folder: Path) -> list[tuple[str, int]]:
     files = sorted(
         (str(f.relative_to(folder)), f.stat().st_size)
         for f in folder.rglob("*")
-        if f.is_file() and ".cache" not in f.parts
+        # The snapshot's own .cache (hub download state), not one the folder lives under (~/.cache).
+        if f.is_file() and ".cache" not in f.relative_to(folder).parts
     )
     for index in folder.glob("*.safetensors.index.json"):
         missing = sorted(
