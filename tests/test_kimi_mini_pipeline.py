@@ -32,7 +32,7 @@ def test_the_trained_draft_beats_the_untrained_one_and_ngram_losslessly(kimi_min
     assert draft["drafting_steps"] > 0
     assert draft["mean_acceptance_length"] > 1.2 * untrained["mean_acceptance_length"]
     assert draft["mean_acceptance_length"] > ngram["mean_acceptance_length"]
-    for method in ("ngram", "untrained_draft", "draft"):
+    for method in ("ngram", "suffix", "untrained_draft", "draft"):
         assert acc[method]["lossless"] and acc[method]["identical_fraction"] == 1.0, method
 
 
@@ -213,14 +213,35 @@ def test_tool_loops_ran_through_vllms_kimi_parsers_in_both_modes(kimi_mini_run):
         assert meta["supervised_tokens"]["by_mode"][mode]["tool_call"] > 0, mode
     forced = json.loads((run / "vocab" / "vocab_coverage.json").read_text())["forced_special_tokens"]
     assert {"<|tool_calls_section_begin|>", "<|tool_call_end|>", "<|im_end|>"} <= set(forced.values())
-    # The held-out split's acceptance per mode, each mode's prompts asked with its switch.
+    # Every held-out prompt asked in both modes, each with its switch; the held-out tool rows
+    # replayed as loops, round by round (a class of their own).
     import pandas as pd
 
+    acc = json.loads((run / "eval" / "acceptance.json").read_text())
     table = pd.read_csv(run / "eval" / "benchmarks.csv")
-    held = table[(table["set"] == "held_out") & (table["method"] == "draft")]
-    assert {"thinking", "instant"} <= set(held["mode"])
+    whole = (table["category"] == "all") & (table["span"] == "all")
+    held = table[
+        whole & (table["set"] == "held_out") & (table["method"] == "draft") & (table["traffic"] == "all")
+    ]
     by_mode = held[held["mode"] != "all"].set_index("mode")["requests"]
-    assert by_mode.sum() == held[(held["mode"] == "all") & (held["traffic"] == "all")]["requests"].item()
+    assert set(by_mode.index) == {"thinking", "instant"}
+    assert by_mode.sum() == held[held["mode"] == "all"]["requests"].item()
+    loops = table[
+        whole & (table["set"] == "held_out") & (table["mode"] == "all") & (table["traffic"] == "tool_loop")
+    ]
+    prompts_with_results = [
+        r for r in read_jsonl(run / "prompts" / "eval_prompts.jsonl") if r.get("tool_results")
+    ]
+    assert prompts_with_results and (loops["requests"] > 2 * len(prompts_with_results)).all()
+    outputs = read_jsonl(run / "eval" / "outputs.jsonl")
+    assert {o["mode"] for o in outputs} == {"thinking", "instant"}
+    assert any(o["turn"] > 0 and o["set"] == "held_out" for o in outputs)  # a loop went past its call
+    # BFCL asked with its tools in both modes; the draft's spans placed, the markup among them.
+    assert set(acc["benchmarks"]["bfcl"]["draft"]["per_mode"]) == {"thinking", "instant"}
+    spans = acc["draft"]["per_span"]
+    assert spans["requests_attributed"] > 0.8 * spans["requests"]
+    assert {"reasoning", "answer", "tool_call"} <= set(spans["kinds"])
+    assert acc["ngram"]["per_span"]["requests_attributed"] == 0  # its steps cannot be placed
 
 
 def test_nothing_to_do_after_the_run(kimi_mini_run):

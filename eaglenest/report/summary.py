@@ -9,6 +9,7 @@ from pathlib import Path
 
 from eaglenest.core.io import atomic_path, iter_jsonl, read_json
 from eaglenest.data.regenerate import row_generations
+from eaglenest.evaluation.methods import BASELINES, DRAFTS
 from eaglenest.pipeline.job_events import EVENTS_ENV, gpu_busy_seconds, read_events
 
 
@@ -89,17 +90,17 @@ def _data_rows(target, cov: dict, meta: dict) -> list[tuple[str, object]]:
 def _method_rows(acc: dict) -> list[tuple[str, object]]:
     """Each method's acceptance, tokens/s and losslessness: on the held-out prompts, then on
     each benchmark."""
+    methods = [m for m in ("no_spec", *BASELINES, *DRAFTS) if m in acc]
     rows = []
-    for method in ("no_spec", "ngram", "untrained_draft", "draft"):
-        rows.append((f"{method}: {ACCEPTANCE_COLUMNS}", _acceptance_cells(acc[method])))
-    for name, bench in acc.get("benchmarks", {}).items():
-        for method in ("no_spec", "ngram", "untrained_draft", "draft"):
-            rows.append(
-                (
-                    f"{name} ({bench['conversations']} conversations), {method}: {ACCEPTANCE_COLUMNS}",
-                    _acceptance_cells(bench[method]),
-                )
-            )
+    sets = [("held-out", acc["prompts"], "prompts", {m: acc[m] for m in methods})]
+    sets += [(name, b["conversations"], "conversations", b) for name, b in acc.get("benchmarks", {}).items()]
+    for name, count, what, figures in sets:
+        for method in methods:
+            label = f"{method}: " if name == "held-out" else f"{name} ({count} {what}), {method}: "
+            rows.append((label + ACCEPTANCE_COLUMNS, _acceptance_cells(figures[method])))
+            # Each mode apart, where the run has several (acceptance.json's per_mode).
+            for mode, by_mode in figures[method].get("per_mode", {}).items():
+                rows.append((f"{name} [{mode}], {method}: {ACCEPTANCE_COLUMNS}", _acceptance_cells(by_mode)))
     return rows
 
 
