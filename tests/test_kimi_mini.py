@@ -271,6 +271,34 @@ def test_the_tool_corpus_is_written_in_kimis_native_markup(tok):
     )
 
 
+def test_a_recorded_answer_is_placed_in_its_reasoning_and_tool_call_spans(tok):
+    """vLLM's own body for the miniature's trained draft answering a tools prompt in thinking
+    mode (detailed per-step metrics): its served ids, labelled with the miniature's tokenizer as
+    tokenize's mask labels them, hold reasoning up to </think> (as many tokens as vLLM's own
+    reasoning count, with both tags) then the call section; every step is placed."""
+    from eaglenest.evaluation.spans import SpanLabeller, response_spans
+
+    recorded = json.loads(
+        (Path(__file__).parent / "data" / "vllm_chat_response_kimi_mini_spans.json").read_text()
+    )
+    ids = recorded["choices"][0]["token_ids"]
+    spec = recorded["metrics"]["speculative_decoding"]
+    kinds = SpanLabeller(tok).kinds(ids)
+    close = ids.index(tok.convert_tokens_to_ids("</think>"))
+    section = ids.index(tok.convert_tokens_to_ids("<|tool_calls_section_begin|>"))
+    assert kinds == ["reasoning"] * (close + 1) + ["answer"] * (section - close - 1) + ["tool_call"] * (
+        len(ids) - section
+    )
+    # vLLM counts the reasoning between the tags; the answer opened its block itself.
+    assert ids[0] == tok.convert_tokens_to_ids("<think>")
+    assert recorded["usage"]["completion_tokens_details"]["reasoning_tokens"] == close - 1
+    spans = response_spans(kinds, spec)
+    assert sum(s["tokens"] for s in spans.values()) == len(ids)
+    assert sum(s["steps"] for s in spans.values()) == 1 + spec["num_spec_steps"]
+    assert sum(s["accepted_tokens"] for s in spans.values()) == spec["num_accepted_draft_tokens"]
+    assert spans["reasoning"]["steps"] >= 1 and spans["tool_call"]["steps"] >= 1
+
+
 def test_rejects_bad_input(tmp_path):
     with pytest.raises(EaglenestError, match="num_layers must be at least 8, got 4"):
         build_kimi_mini(tmp_path / "m", [CORPUS], num_layers=4, pretrain_steps=0)

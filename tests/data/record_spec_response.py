@@ -27,12 +27,11 @@ fewer than the prefill's one plus every step's accepted drafts and bonus token
 """
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from eaglenest.core.io import installed_package_file, read_jsonl
-from eaglenest.data.benchmarks import MT_BENCH, read_benchmark, turn_messages
+from eaglenest.core.io import read_jsonl
+from eaglenest.data.benchmarks import read_benchmark, turn_messages
 from eaglenest.engine.server import SERVED_NAME, serving
 from eaglenest.evaluation.methods import method_spec
 
@@ -53,8 +52,7 @@ def ask(client, messages, max_tokens):
 def record_ngram(target: Path, scratch: Path) -> dict:
     base = ("--dtype", "bfloat16", "--max-model-len", "2048", "--enforce-eager")
     spec = method_spec("ngram", str(target), base, ENV, k=3)
-    mt_bench = {"name": "mt_bench", "type": "mt_bench"}
-    first = read_benchmark(mt_bench, installed_package_file(*MT_BENCH, what="mt_bench"), seed=0)[0]
+    first = read_benchmark({"name": "mt_bench", "type": "mt_bench"}, seed=0, sample=False)[0]
     with serving(spec, scratch, reuse=False, timeout_s=1200) as server:
         import openai
 
@@ -78,7 +76,6 @@ def stopped_mid_step(response: dict) -> bool:
 def record_mid_step_stop(target: Path, scratch: Path, draft: Path, prompts: Path) -> dict:
     base = ("--dtype", "float32", "--max-model-len", "1024", "--enforce-eager")
     spec = method_spec("draft", str(target), base, ENV, k=3, draft_dir=draft)
-    spec = dataclasses.replace(spec, args=tuple("detailed" if a == "summary" else a for a in spec.args))
     with serving(spec, scratch, reuse=False, timeout_s=1200) as server:
         import openai
 
