@@ -323,7 +323,9 @@ def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path)
     assert found[("mt", "default", "q1", 0)]["text"] == "y"
     with pytest.raises(EaglenestError, match=r"outputs.jsonl.*no no_spec output for 1 of the 2 .*first: b"):
         reference_answers(ref, held_out("a", "b"))
-    with pytest.raises(EaglenestError, match=r"no no_spec output for 1 of the 3 .*q1, turn 2 of mt in mode default"):
+    with pytest.raises(
+        EaglenestError, match=r"no no_spec output for 1 of the 3 .*q1, turn 2 of mt in mode default"
+    ):
         reference_answers(ref, [*held_out("a"), conv])
     # A mode the reference was not asked in is not covered by it.
     with pytest.raises(EaglenestError, match=r"first: a, turn 1 of held_out in mode instant"):
