@@ -16,6 +16,7 @@ from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
 from eaglenest.hidden_states.shard_check import verify_shards
+from eaglenest.hidden_states.store import forget as forget_stored_samples
 from eaglenest.planning.plan import format_plan, make_plan
 from eaglenest.report.disk_usage import folder_usage, format_usage
 
@@ -160,7 +161,7 @@ def _run_verify_shards(args: argparse.Namespace) -> int:
     for d in map(Path, args.dirs):
         inner = sorted(d.glob("shard_*"), key=lambda p: (len(p.name), p.name))
         shards += inner if inner and not (d / "manifest.json").exists() else [d]
-    result = verify_shards(shards, checksums=args.checksums)
+    result = verify_shards(shards, checksums=args.checksums, forget=forget_stored_samples)
     print(
         f"ok: {result['files']} files in {result['shards']} shards"
         + (", checksums match" if args.checksums else "")

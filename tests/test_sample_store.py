@@ -338,6 +338,7 @@ def test_a_shard_file_found_damaged_is_dropped_from_the_store_so_its_rebuild_ext
     it again instead of linking the damaged bytes back."""
     from eaglenest.core.errors import EaglenestError
     from eaglenest.hidden_states.shard_check import verify_shards
+    from eaglenest.hidden_states.store import forget
 
     run, extraction = tmp_path / "run", {"backend": "transformers", "server": {}}
     tokenized = write_tokenized(run / "tokenized", _rows(6, seed=3))
@@ -351,7 +352,9 @@ def test_a_shard_file_found_damaged_is_dropped_from_the_store_so_its_rebuild_ext
         f.write(data)
     shards = sorted((run / "hidden_states").glob("shard_*"))
     with pytest.raises(EaglenestError, match=r"hs_3.safetensors \(shard shard_1\): sha256 differs"):
-        verify_shards(shards, checksums=True)
+        verify_shards(
+            shards, checksums=True, forget=forget
+        )  # as training and `eaglenest verify-shards` call it
     computed = []
     real_forward = extract._transformers_forward
     monkeypatch.setattr(

@@ -37,6 +37,7 @@ from eaglenest.evaluation.figures import (
 )
 from eaglenest.evaluation.methods import DRAFTS, METHODS, method_server
 from eaglenest.evaluation.plots import plot_per_position, plot_requests, plot_sets
+from eaglenest.evaluation.spans import SpanLabeller
 from eaglenest.evaluation.tables import request_rows, write_requests, write_set_table, write_table
 from eaglenest.evaluation.untrained_draft import make_untrained_draft
 from eaglenest.pipeline.workflow import with_parsers
@@ -194,8 +195,6 @@ def evaluate_stage(
     The servers parse reasoning and tool calls as regeneration's do; with a tool-call parser, the
     held-out prompts with recorded tool results are replayed as loops of up to
     `max_tool_rounds` rounds."""
-    from eaglenest.evaluation.spans import SpanLabeller
-
     tokenizer = _checked_tokenizer(target, metadata_path)
     server_cfg = {
         **server_cfg,

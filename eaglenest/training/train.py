@@ -30,6 +30,7 @@ from eaglenest.draft.algorithms import draft_algorithm
 from eaglenest.engine.server import Lease
 from eaglenest.hidden_states.extract import FP8
 from eaglenest.hidden_states.shard_check import verify_shards
+from eaglenest.hidden_states.store import forget as forget_stored_samples
 from eaglenest.hidden_states.store import prune as prune_sample_store
 from eaglenest.pipeline.workflow import resolve_device
 from eaglenest.planning.run_estimate import SHARED_GPU_SERVER_MEMORY, job_gpus
@@ -76,7 +77,7 @@ def _verify_inputs(
     if offline:
         # A file truncated or corrupted after its shard finished must fail here, naming the
         # file and the shard, not hours into training inside speculators' data loader.
-        log.info("hidden-state files intact: %s", verify_shards(shard_dirs))
+        log.info("hidden-state files intact: %s", verify_shards(shard_dirs, forget=forget_stored_samples))
     # Every shard is whole (online and hybrid: none is made): a stored sample none of them holds
     # is of rows, or settings, the run no longer has.
     log.info("sample store, samples no shard holds removed: %s", prune_sample_store(run_dir))
