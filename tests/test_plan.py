@@ -468,6 +468,24 @@ def test_auto_dtype_follows_the_cpus_bfloat16_and_the_plan_says_why(
     assert f"Dtypes: vllm.dtype {serves} (auto on a CPU" in format_plan(plan)
 
 
+@pytest.mark.parametrize(
+    ("flags", "serves", "trains"),
+    [
+        ({"avx2"}, "float32", "float32"),
+        ({"avx2", "avx512_bf16"}, "bfloat16", "float32"),  # measured: autocast no faster there
+        ({"avx512_bf16", "amx_tile", "amx_bf16"}, "bfloat16", "bfloat16"),
+    ],
+)
+def test_auto_trains_in_bfloat16_only_with_the_cpus_matrix_units(flags, serves, trains):
+    from eaglenest.engine.dtypes import choose_dtypes
+
+    chosen = choose_dtypes("auto", "auto", "cpu", flags)
+    assert (chosen["vllm"], chosen["train"]) == (serves, trains)
+    assert f"train.dtype {trains} (auto on a CPU" in chosen["reason"]
+    if serves == "bfloat16" and trains == "float32":
+        assert "without amx_bf16 matrix units" in chosen["reason"]
+
+
 def test_an_explicit_dtype_is_kept_and_a_gpu_serves_in_the_models_own():
     from eaglenest.engine.dtypes import choose_dtypes
 

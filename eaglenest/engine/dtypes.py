@@ -4,12 +4,15 @@ bfloat16 halves the bytes of float32 and, where the hardware computes it, runs f
 does not, each bfloat16 operation is emulated through float32 and runs several times slower. On
 an AMD EPYC with AVX2 only, vLLM's CPU backend generated about 25 tokens/s in bfloat16 against
 135 in float32 for the same SmolLM2 regeneration; on a CPU with AVX512-BF16 and AMX, bfloat16 was
-the faster (issue 57's figures). So a config may say `auto` for vLLM's and the trainer's dtype:
+the faster (issue 57's figures). Training is another matter: the draft's matmuls are small, and
+on an AVX512-BF16 CPU without matrix units bfloat16 autocast trained no faster than float32
+(benchmarks/bench_train_dtype.py: the casts eat what the faster matmuls save). So a config may say
+`auto` for vLLM's and the trainer's dtype:
 
 - on a GPU, vLLM's own `auto` (the model's dtype) serves, and training uses bfloat16;
-- on a CPU that computes bfloat16 (the `avx512_bf16` or `amx_bf16` flags of /proc/cpuinfo), both
-  are bfloat16;
-- on any other CPU, both are float32.
+- on a CPU that computes bfloat16 (the `avx512_bf16` or `amx_bf16` flags of /proc/cpuinfo), vLLM
+  serves in bfloat16; training uses bfloat16 only with the matrix units (`amx_bf16`);
+- everything else is float32.
 
 An explicit dtype is always kept. `eaglenest plan` states the choice and its reason; the choice is
 made where the workflow plans (with SLURM, the node that submits), and its value is part of the
@@ -23,6 +26,7 @@ from pathlib import Path
 
 AUTO = "auto"
 NATIVE_BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+MATRIX_BFLOAT16_FLAG = "amx_bf16"  # bfloat16 matrix units: what makes bfloat16 training pay on a CPU
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -52,7 +56,8 @@ def choose_dtypes(vllm_dtype: str, train_dtype: str, device: str, flags: set[str
     if gpu:
         machine, serve, train = "a GPU", AUTO, "bfloat16"
     elif native:
-        machine, serve, train = f"a CPU that computes bfloat16 ({', '.join(native)})", "bfloat16", "bfloat16"
+        machine, serve = f"a CPU that computes bfloat16 ({', '.join(native)})", "bfloat16"
+        train = "bfloat16" if MATRIX_BFLOAT16_FLAG in native else "float32"
     else:
         machine, serve, train = (
             "a CPU without native bfloat16 (no avx512_bf16 or amx_bf16)",
@@ -66,8 +71,9 @@ def choose_dtypes(vllm_dtype: str, train_dtype: str, device: str, flags: set[str
     parts = []
     for key, asked in (("vllm", vllm_dtype), ("train", train_dtype)):
         what = "vllm.dtype" if key == "vllm" else "train.dtype"
-        parts.append(
-            f"{what} {chosen[key]}" + (f" (auto on {machine})" if asked == AUTO else " (as configured)")
-        )
+        why = f" (auto on {machine})" if asked == AUTO else " (as configured)"
+        if key == "train" and asked == AUTO and native and not gpu and train == "float32":
+            why = f" (auto on {machine}: without amx_bf16 matrix units bfloat16 autocast trains no faster)"
+        parts.append(f"{what} {chosen[key]}{why}")
     chosen["reason"] = "; ".join(parts)
     return chosen
