@@ -80,13 +80,16 @@ def tokenize(tmp_path, target):
 
 # ------------------------------------------------------------------------------ prepare_prompts
 
+# One call of get_weather, as a dataset row records it (its id and argument string kept).
+CALL = {
+    "id": "c0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
 
 def test_dataset_rows_keep_their_reply_and_rows_without_one_are_counted(tmp_path):
-    call = {
-        "id": "c0",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-    }
+    call = CALL
     rows = [
         {"messages": [USER, REPLY]},
         {
@@ -152,11 +155,7 @@ def test_dataset_rows_keep_their_reply_and_rows_without_one_are_counted(tmp_path
 
 
 def test_a_dataset_rows_tool_loop_is_its_answer(tmp_path):
-    call = {
-        "id": "c0",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-    }
+    call = CALL
     loop = [
         {"role": "assistant", "content": "", "reasoning_content": "Ask.", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c0", "content": "Sunny", "name": "get_weather"},
