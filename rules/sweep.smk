@@ -43,6 +43,7 @@ use rule train_draft as train_draft_variant with:
         shards=lambda wildcards: SHARD_DIRS,
         plan=rules.plan_hidden_states.output.plan,
         data=rules.tokenize.output.data,
+        prompts=rules.prepare_prompts.output.train,  # each row's source, for sweep.sources
         t2d=rules.build_vocab_mapping_variant.output.t2d_npy,
         d2t=rules.build_vocab_mapping_variant.output.d2t_npy,
         draft_config=rules.draft_config_variant.output.config,

@@ -16,6 +16,7 @@ run_logged(
     shard_dirs=list(sm.input.shards),
     plan_path=sm.input.plan,
     tokenized_path=sm.input.data,
+    prompts_path=sm.input.get("prompts"),  # a sweep's variant: the rows' sources
     t2d_npy=sm.input.t2d,
     d2t_npy=sm.input.d2t,
     draft_config_path=sm.input.draft_config,

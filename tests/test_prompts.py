@@ -192,6 +192,82 @@ def test_dedupe_across_sources_first_kept(tmp_path):
     assert len({r["id"] for r in train}) == len(train)
 
 
+def test_two_sources_on_one_file_draw_disjoint_rows_and_a_repeat_within_a_source_is_dropped(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(40)
+    ]
+    path = write_jsonl(tmp_path / "one.jsonl", rows + rows[:3])
+    stats, train, _ = run(
+        tmp_path,
+        [
+            {"name": "answered", "type": "jsonl", "path": path, "samples": 10},
+            {"name": "kept", "type": "jsonl", "path": path, "responses": "dataset", "samples": 25},
+        ],
+    )
+    by = {s: {r["id"] for r in train if r["source"] == s} for s in ("answered", "kept")}
+    assert len(by["answered"]) == 10 and len(by["kept"]) == 25
+    assert not by["answered"] & by["kept"]
+    # Within a source, the file's three repeats; the second also skips the first's ten picks.
+    assert stats["sources"]["answered"]["dropped"]["duplicate"] == 3
+    assert stats["sources"]["kept"]["dropped"]["duplicate"] == 13
+    assert stats["sources"]["kept"]["usable"] == 30
+
+
+def test_match_keeps_rows_with_a_matching_user_turn_and_counts_the_rest(tmp_path):
+    rows = [
+        {"messages": [{"role": "system", "content": "python helper"}, {"role": "user", "content": "hello"}]},
+        {"prompt": "Fix this Python loop"},
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "python?"},
+                {"role": "user", "content": "SQL join please"},
+            ]
+        },
+        {"prompt": "a poem"},
+    ]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    stats, train, _ = run(
+        tmp_path, [{"name": "code", "type": "jsonl", "path": path, "match": r"(?i)\b(python|sql)\b"}]
+    )
+    assert [r["messages"][-1]["content"] for r in train] == ["Fix this Python loop", "SQL join please"]
+    assert stats["sources"]["code"]["dropped"]["no_match"] == 2  # a system or assistant turn does not count
+    cased = run(tmp_path, [{"name": "code", "type": "jsonl", "path": path, "match": "Python"}], out="cased")[
+        1
+    ]
+    assert [r["messages"][-1]["content"] for r in cased] == ["Fix this Python loop"]  # case as written
+    for bad in ("(", "", 3):
+        with pytest.raises(EaglenestError, match="prompts source 'code': 'match'"):
+            run(tmp_path, [{"name": "code", "type": "jsonl", "path": path, "match": bad}], out="bad")
+
+
+def test_user_turns_keeps_the_first_exchanges_for_the_target_and_for_the_dataset(tmp_path):
+    conversation = {
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": "first?"},
+            {"from": "gpt", "value": "one"},
+            {"from": "human", "value": "second?"},
+            {"from": "gpt", "value": "two"},
+            {"from": "human", "value": "third?"},
+            {"from": "gpt", "value": "three"},
+        ]
+    }
+    path = write_jsonl(tmp_path / "c.jsonl", [conversation])
+    for origin in ("target", "dataset"):
+        for turns, last_question in ((1, "first?"), (2, "second?"), (3, "third?"), (9, "third?")):
+            src = {"name": "c", "type": "jsonl", "path": path, "responses": origin, "user_turns": turns}
+            (row,) = run(tmp_path, [src], out=f"{origin}{turns}")[1]
+            users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+            assert users[-1] == last_question and row["messages"][0]["content"] == "be brief"
+            if origin == "dataset":  # the answer to the last kept question, none later
+                assert row["answer"][0]["content"] == {1: "one", 2: "two"}.get(turns, "three")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(EaglenestError, match="'user_turns' must be a positive integer"):
+            run(tmp_path, [{"name": "c", "type": "jsonl", "path": path, "user_turns": bad}], out="bad")
+
+
 def test_ids_stable_across_runs_and_formats(tmp_path):
     msgs = [{"role": "user", "content": "Why is the sky blue?"}]
     # sha256 of '[{"content":"Why is the sky blue?","role":"user"}]', first 16 hex digits:

@@ -86,6 +86,72 @@ def test_a_variants_training_params_are_the_runs_with_its_settings():
     assert {k: v for k, v in hp.items() if k not in variant.settings} == rest
 
 
+def with_sources(**sweep) -> dict:
+    cfg = with_sweep(**sweep)
+    cfg["prompts"]["sources"] = [
+        {"name": "chat", "type": "bundled"},
+        {"name": "code", "type": "jsonl", "path": "code.jsonl", "responses": "dataset"},
+        {"name": "tools", "type": "bfcl"},
+    ]
+    return cfg
+
+
+def test_a_sources_sweep_names_its_variants_by_source_and_trains_them_on_those_rows_alone():
+    cfg = with_sources(combine="one_at_a_time", sources=[["code"], ["tools", "chat"]], data_fraction=[0.5])
+    variants = plan_variants(cfg)
+    # A list's names in the config's source order; the base holds every source.
+    assert [v.name for v in variants] == [
+        "frac1-srcall",
+        "frac0.5-srcall",
+        "frac1-srccode",
+        "frac1-srcchat+tools",
+    ]
+    hp = {v.name: train_hp(cfg, v.settings) for v in variants}
+    assert "sources" not in hp["frac1-srcall"] and "sources" not in hp["frac0.5-srcall"]
+    assert hp["frac1-srcchat+tools"]["sources"] == ["chat", "tools"]
+    with pytest.raises(
+        EaglenestError, match=r"names no prompt source 'docs' \(prompts.sources: chat, code, tools\)"
+    ):
+        plan_variants(with_sources(sources=[["code", "docs"]]))
+    for bad in ([], "code"):
+        with pytest.raises(EaglenestError, match="non-empty list of source names"):
+            plan_variants(with_sources(sources=[bad]))
+    hybrid = with_sources(sources=[["code"]])
+    hybrid["hidden_states"]["mode"] = "hybrid"
+    with pytest.raises(EaglenestError, match="hybrid"):
+        plan_variants(hybrid)
+
+
+def test_a_sources_variant_trains_on_its_sources_rows_and_validates_on_the_runs(tmp_path):
+    from eaglenest.training.data_folder import data_fraction_rows
+
+    n, ratio = 400, 0.9
+    sources = ["chat" if i % 3 else "code" for i in range(n)]
+    # Rows keep their prompt's id, or add a turn (#k) or response (:k) number to it.
+    ids = [f"p{i}" + ("#1" if i % 5 == 0 else ":2" if i % 7 == 0 else "") for i in range(n)]
+    tokenized, prompts = tmp_path / "tokenized.jsonl", tmp_path / "prompts.jsonl"
+    tokenized.write_text(
+        "".join(json.dumps({"id": r, "input_ids": [1], "loss_mask": [1]}) + "\n" for r in ids)
+    )
+    prompts.write_text(
+        "".join(json.dumps({"id": f"p{i}", "source": s}) + "\n" for i, s in enumerate(sources))
+    )
+    hp = {"train_data_ratio": ratio, "seed": 0, "data_fraction": 1.0}
+    split = int(n * ratio)
+    rows, code_hp, count = data_fraction_rows(tokenized, {**hp, "sources": ["code"]}, prompts)
+    trained = rows[: int(count * code_hp["train_data_ratio"])]
+    assert trained == [i for i in range(split) if sources[i] == "code"]
+    assert rows[len(trained) :] == list(range(split, n))  # the run's validation rows, whole
+    half, *_ = data_fraction_rows(tokenized, {**hp, "sources": ["code"], "data_fraction": 0.5}, prompts)
+    assert set(half) < set(rows) and set(range(split, n)) <= set(half)
+    assert data_fraction_rows(tokenized, hp, prompts)[0] is None  # every row: no subset
+    with pytest.raises(EaglenestError, match="needs the training prompts"):
+        data_fraction_rows(tokenized, {**hp, "sources": ["code"]})
+    prompts.write_text(json.dumps({"id": "p0", "source": "chat"}) + "\n")
+    with pytest.raises(EaglenestError, match="has no prompt in"):
+        data_fraction_rows(tokenized, {**hp, "sources": ["code"]}, prompts)
+
+
 def speculators_rows(datapath, ratio: float, split: str) -> list[int]:
     """The rows speculators' own dataset trains (or validates) on, of a data folder whose `row`
     column names the tokenized row each position holds (the trainer's data folder renumbers a

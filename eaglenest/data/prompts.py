@@ -22,6 +22,15 @@ Sources
   after the last user turn, with their reasoning and tool calls where the row has them). A
   ``dataset`` row without such a turn is dropped (``no_dataset_answer``); `check_prompt_sources`
   refuses at planning a source whose first records have none.
+- ``match`` (optional): a regular expression (Python's ``re``, searched, case as written: use
+  ``(?i)`` to ignore it); only rows with a user turn it finds a match in are kept, the others
+  are dropped as ``no_match``. It narrows a broad source to one kind of traffic (a code
+  assistant's: ShareGPT's conversations about code) before sampling.
+- ``user_turns`` (optional): a conversation is cut before its user turn number
+  ``user_turns + 1``, so it keeps its first ``user_turns`` exchanges (1: the first question, and
+  for a ``dataset`` source the answer to it). The target's answer is to the last kept user turn,
+  so with 1 a ``target`` row is the target's throughout, not a dataset history with the target's
+  last reply.
 
 and, by type:
 
@@ -85,7 +94,8 @@ role/content, a non-string content), ``unknown_role``, ``empty_conversation``, `
 ``malformed_tools``, ``malformed_tool_call`` (no id or function name),
 ``tool_result_without_call`` (a tool message answering no call of the assistant turn before it),
 ``call_without_result`` (a call never answered), ``no_dataset_answer`` (a row of a ``dataset``
-source with no assistant turn after its last user turn), ``unknown_mode``, ``benchmark_prompt``
+source with no assistant turn after its last user turn), ``unknown_mode``, ``no_match`` (no user
+turn matches the source's ``match``), ``benchmark_prompt``
 (a user turn equal to a prompt of a configured benchmark, whitespace aside) and ``duplicate``. A
 line of bad JSON in a local JSONL file is not a dropped row but an error naming the file and
 line.
@@ -94,8 +104,10 @@ Ids, dedupe, sampling, split
 ----------------------------
 A row's id is the first 16 hex digits of the sha256 of its normalised messages as canonical
 JSON (sorted keys, no spaces, UTF-8), so the same prompt has the same id in every run and from
-every source. Rows are deduplicated on the id across all sources, in source order, the first one
-kept; then each source is sampled without replacement down to ``samples`` with a generator
+every source. Sources are read in order. A row is dropped as a ``duplicate`` when its id repeats
+within its source or is among the rows an earlier source kept (not those it read and left out,
+so two sources on one file, answered differently, draw disjoint rows); each source is then
+sampled without replacement down to ``samples`` with a generator
 seeded by ``seed`` and the source's name (a source with fewer usable rows gives all it has and
 its stats say ``short: true``). Sampled rows keep their source order. Finally ``eval_samples``
 rows, chosen with a generator seeded by ``seed``, form the evaluation split.
@@ -109,6 +121,7 @@ import itertools
 import json
 import logging
 import random
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -125,7 +138,7 @@ BUNDLED_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
 DEFAULT_BUNDLED = "default.jsonl"
 
 SOURCE_TYPES = ("bundled", "jsonl", "parquet", "hf", "bfcl", "sharegpt")
-_COMMON_KEYS = {"name", "type", "samples", "responses", "eval_samples"}
+_COMMON_KEYS = {"name", "type", "samples", "responses", "eval_samples", "match", "user_turns"}
 _TYPE_KEYS = {
     "bundled": {"path"},
     "jsonl": {"path"},
@@ -147,6 +160,7 @@ DROP_REASONS = (
     "call_without_result",
     "no_dataset_answer",
     "unknown_mode",
+    "no_match",
     "benchmark_prompt",
     "duplicate",
 )
@@ -325,13 +339,14 @@ def normalise_row(
     *,
     answer: bool = False,
     sharegpt_roles: dict = _SHAREGPT_ROLES,
+    user_turns: int | None = None,
 ) -> dict:
     """The prompt of one source row: ``{"messages"}``, plus ``"tools"`` (the declarations),
     ``"tool_results"`` (the results recorded after the prompt, ``{"name", "content"}`` in order,
     for the tool loop of regeneration) and ``"mode"`` where the row has them, and with `answer`
     the row's own reply (``"answer"``, see `_dataset_answer`). A ShareGPT row's speakers are read
-    with `sharegpt_roles`. Raises `UnusableRow` when the row is unusable; a ``mode`` outside
-    `modes` is one."""
+    with `sharegpt_roles`; with `user_turns`, the conversation ends before its next user turn.
+    Raises `UnusableRow` when the row is unusable; a ``mode`` outside `modes` is one."""
     if not isinstance(row, dict):
         raise UnusableRow("malformed", "row is not an object")
     if row.get("messages") is not None:
@@ -346,6 +361,9 @@ def normalise_row(
         raise UnusableRow("malformed", "no 'messages', 'conversations' or 'prompt' field")
 
     turns = [t for t in turns if not (t["role"] == "system" and not t["content"])]
+    if user_turns is not None:
+        users = [i for i, t in enumerate(turns) if t["role"] == "user"]
+        turns = turns[: users[user_turns]] if len(users) > user_turns else turns
     answers = _check_tool_protocol(turns)
     last_user = max((i for i, t in enumerate(turns) if t["role"] == "user"), default=None)
     if last_user is None:
@@ -409,6 +427,7 @@ def _check_source(i: int, src) -> dict:
             f"(allowed: {', '.join(allowed)})"
         )
     _check_share_and_origin(src, where)
+    _check_narrowing(src, where)
     if kind in ("jsonl", "parquet") and not isinstance(src.get("path"), str):
         raise EaglenestError(f"{where}: type {kind} needs a 'path'")
     if kind == "bundled" and not isinstance(src.get("path", DEFAULT_BUNDLED), str):
@@ -443,6 +462,23 @@ def _check_share_and_origin(src: dict, where: str) -> None:
         raise EaglenestError(
             f"{where}: 'responses' must be one of {', '.join(RESPONSE_ORIGINS)}, got {src['responses']!r}"
         )
+
+
+def _check_narrowing(src: dict, where: str) -> None:
+    """The keys that narrow a source: `match`, a regular expression; `user_turns`, a positive integer."""
+    turns = src.get("user_turns")
+    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        raise EaglenestError(f"{where}: 'user_turns' must be a positive integer, got {turns!r}")
+    if "match" not in src:
+        return
+    if not isinstance(src["match"], str) or not src["match"]:
+        raise EaglenestError(f"{where}: 'match' must be a non-empty regular expression, got {src['match']!r}")
+    try:
+        re.compile(src["match"])
+    except re.error as e:
+        raise EaglenestError(
+            f"{where}: 'match' is not a valid regular expression ({e}): {src['match']!r}"
+        ) from None
 
 
 def _check_sharegpt(src: dict, where: str) -> None:
@@ -527,7 +563,9 @@ def _row_reader(src: dict, modes: tuple[str, ...] | None):
     roles = sharegpt.ROLES if src["type"] == "sharegpt" else _SHAREGPT_ROLES
 
     def normalise(row) -> dict:
-        return normalise_row(row, modes, answer=answer, sharegpt_roles=roles)
+        return normalise_row(
+            row, modes, answer=answer, sharegpt_roles=roles, user_turns=src.get("user_turns")
+        )
 
     return normalise
 
@@ -587,14 +625,17 @@ def _checked_sources(sources) -> list[dict]:
 def _usable_rows(
     raw, src: dict, seen: set[str], modes: list[dict], seed: int, exclude: frozenset = frozenset()
 ):
-    """A source's rows normalised, less the unusable and those `seen` already (which it extends):
-    (usable rows, drops by reason, up to five dropped rows named per reason, rows read)."""
+    """A source's rows normalised, less the unusable, those `seen` (kept from earlier sources)
+    and repeats within the source: (usable rows, drops by reason, up to five dropped rows named
+    per reason, rows read)."""
     drops = dict.fromkeys(DROP_REASONS, 0)
     examples: dict[str, list[str]] = {}
     normalise = _row_reader(src, tuple(m["name"] for m in modes))
+    match = re.compile(src["match"]) if "match" in src else None
     # A dataset row says so: regeneration passes its answer through instead of asking the target.
     origin = {"responses": DATASET} if src.get("responses", TARGET) == DATASET else {}
     usable: list[dict] = []
+    own: set[str] = set()
     n_in = 0
     for row in raw:
         n_in += 1
@@ -607,16 +648,19 @@ def _usable_rows(
                 rid = row.get("id") if isinstance(row, dict) else None
                 named.append(f"row {n_in}" + (f" (id {rid!r})" if rid is not None else "") + f": {d}")
             continue
+        if match and not any(m["role"] == "user" and match.search(m["content"]) for m in prompt["messages"]):
+            drops["no_match"] += 1
+            continue
         if exclude and any(
             prompt_key(m["content"]) in exclude for m in prompt["messages"] if m["role"] == "user"
         ):
             drops["benchmark_prompt"] += 1
             continue
         pid = prompt_id(prompt["messages"], prompt.get("tools"))
-        if pid in seen:
+        if pid in seen or pid in own:
             drops["duplicate"] += 1
             continue
-        seen.add(pid)
+        own.add(pid)
         mode = prompt.pop("mode", None) or assign_mode(pid, modes, seed)
         usable.append({"id": pid, "source": src["name"], "mode": mode, **origin, **prompt})
     return usable, drops, examples, n_in
@@ -672,6 +716,8 @@ def collect(sources: list[dict], seed: int, modes=None, exclude=frozenset()) -> 
             {k: v for k, v in drops.items() if v} or "none",
         )
         rows.extend(picked)
+        # Only the rows kept bar a later source: two sources may sample apart from one file.
+        seen.update(r["id"] for r in picked)
     return rows, per_source, total_drops
 
 

@@ -17,15 +17,39 @@ from eaglenest.training.sweep import training_subset
 log = logging.getLogger(__name__)
 
 
-def data_fraction_rows(tokenized_path, hp: dict) -> tuple[list[int] | None, dict, int]:
-    """A sweep's `data_fraction`: the rows trained and validated on (None: all), the
-    hyperparameters with the train ratio that keeps the validation rows whole, the row count."""
-    num_rows = sum(1 for _ in iter_jsonl(tokenized_path))
+def data_fraction_rows(tokenized_path, hp: dict, prompts_path=None) -> tuple[list[int] | None, dict, int]:
+    """A sweep's `data_fraction` and `sources`: the rows trained and validated on (None: all),
+    the hyperparameters with the train ratio that keeps the validation rows whole, the row
+    count. `prompts_path` (the training prompts, which name each row's source) is read for
+    `sources` only."""
     fraction = hp.get("data_fraction", 1.0)
-    if fraction >= 1:
-        return None, hp, num_rows
-    subset, ratio = training_subset(num_rows, hp["train_data_ratio"], fraction, hp["seed"], tokenized_path)
+    sources = hp.get("sources")
+    if fraction >= 1 and not sources:
+        return None, hp, sum(1 for _ in iter_jsonl(tokenized_path))
+    of_row = row_sources(tokenized_path, prompts_path) if sources else None
+    num_rows = len(of_row) if of_row else sum(1 for _ in iter_jsonl(tokenized_path))
+    eligible = (lambda i: of_row[i] in sources) if sources else None
+    subset, ratio = training_subset(
+        num_rows, hp["train_data_ratio"], fraction, hp["seed"], tokenized_path, eligible
+    )
     return subset, {**hp, "train_data_ratio": ratio}, len(subset)
+
+
+def row_sources(tokenized_path, prompts_path) -> list[str]:
+    """Each tokenized row's prompt source: a row's id is its prompt's, or that id with a
+    response number (`:k`) or a turn number (`#k`) after it."""
+    if prompts_path is None:
+        raise EaglenestError("a sweep over sources needs the training prompts", tokenized_path)
+    source_of = {r["id"]: r["source"] for r in iter_jsonl(prompts_path)}
+    out = []
+    for row in iter_jsonl(tokenized_path):
+        pid = row["id"].split("#", 1)[0].split(":", 1)[0]
+        if pid not in source_of:
+            raise EaglenestError(
+                f"tokenized row {row['id']!r} has no prompt in {prompts_path}", tokenized_path
+            )
+        out.append(source_of[pid])
+    return out
 
 
 def link_training_data(tokenized_path, shard_dirs, data_dir, kept=None, rows=None) -> Path:

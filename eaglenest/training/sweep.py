@@ -9,7 +9,9 @@ the config's own is the run's draft itself (the base), never trained twice.
 
 `data_fraction` trains on a seeded, nested subset of the training rows (a row in the 25% subset
 is in the 50% one) and keeps speculators' validation rows whole, so every variant's validation
-estimate is taken on the same rows.
+estimate is taken on the same rows. `sources` trains on the training rows of some prompt
+sources only (which part of the data pays), with the same validation rows; with
+`data_fraction` the fraction is of those sources' rows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 # sweep key -> (its tag in variant names, where the config keeps the run's own value)
 SETTINGS = {
     "data_fraction": ("frac", None),
+    "sources": ("src", None),
     "draft_vocab_size": ("vocab", ("vocab", "draft_vocab_size")),
     "ttt_steps": ("ttt", ("train", "ttt_steps")),
     "draft_layers": ("layers", ("train", "draft_layers")),
@@ -37,6 +40,9 @@ SETTINGS = {
 COMBINE = ("grid", "one_at_a_time")
 # Settings whose values span orders of magnitude are drawn on a log axis.
 LOG_AXES = {"data_fraction", "draft_vocab_size", "lr"}
+# The run's own value of the settings of the data, which the config has no key for: all rows.
+DATA_DEFAULTS = {"data_fraction": 1.0, "sources": "all"}
+SOURCES_JOIN = "+"  # a `sources` value is held as its names joined, so that it names and sorts
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,8 @@ def base_settings(config: dict) -> dict:
     """The run's own value of each sweepable setting (data_fraction: all rows; lr and
     draft_layers: what its own draft trains with, which may be its algorithm's own)."""
     settings = {
-        key: 1.0 if where is None else config[where[0]][where[1]] for key, (_, where) in SETTINGS.items()
+        key: DATA_DEFAULTS[key] if where is None else config[where[0]][where[1]]
+        for key, (_, where) in SETTINGS.items()
     }
     return with_algorithm_overrides(config, settings, swept=())
 
@@ -89,6 +96,8 @@ def plan_variants(config: dict) -> list[Variant]:
     if not keys:
         raise EaglenestError(f"sweep: lists no setting to vary (any of {', '.join(SETTINGS)})")
     combine = sweep.get("combine", "grid")
+    if sweep.get("sources"):
+        sweep = {**sweep, "sources": swept_sources(config, sweep["sources"])}
     base = base_settings(config)
     if combine == "grid":
         combos = [
@@ -97,11 +106,13 @@ def plan_variants(config: dict) -> list[Variant]:
     else:
         combos = [{k: v} for k in keys for v in sweep[k]]
     fractions = sweep.get("data_fraction") or []
-    if config["hidden_states"]["mode"] == "hybrid" and any(f < 1 for f in fractions):
+    if config["hidden_states"]["mode"] == "hybrid" and (
+        any(f < 1 for f in fractions) or sweep.get("sources")
+    ):
         raise EaglenestError(
-            "sweep: data_fraction below 1 needs hidden_states.mode offline or online: hybrid mode "
-            "keeps one folder of extracted samples per run, numbered by training row, which "
-            "subsets of the rows would overwrite"
+            "sweep: data_fraction below 1, or sources, needs hidden_states.mode offline or online: "
+            "hybrid mode keeps one folder of extracted samples per run, numbered by training row, "
+            "which subsets of the rows would overwrite"
         )
     variants = [Variant(variant_name(base, keys), base, is_base=True)]
     seen = {variant_name(base, keys)}
@@ -112,6 +123,32 @@ def plan_variants(config: dict) -> list[Variant]:
             seen.add(name)
             variants.append(Variant(name, settings))
     return variants
+
+
+def swept_sources(config: dict, values) -> list[str]:
+    """`sweep.sources` (lists of prompt-source names) as the values variants hold: each list's
+    names, in the config's source order, joined; a name the config's prompts lack is refused."""
+    names = [s["name"] for s in config["prompts"]["sources"]]
+    out = []
+    for value in values:
+        if not isinstance(value, list) or not value or not all(isinstance(n, str) for n in value):
+            raise EaglenestError(
+                f"sweep: each sources value must be a non-empty list of source names, got {value!r}"
+            )
+        unknown = [n for n in value if n not in names]
+        if unknown:
+            raise EaglenestError(
+                f"sweep: sources {value} names no prompt source {', '.join(map(repr, unknown))} "
+                f"(prompts.sources: {', '.join(names)})"
+            )
+        odd = [n for n in value if SOURCES_JOIN in n or n == DATA_DEFAULTS["sources"]]
+        if odd:
+            raise EaglenestError(
+                f"sweep: a swept source's name may not contain {SOURCES_JOIN!r} or be "
+                f"{DATA_DEFAULTS['sources']!r}: {', '.join(odd)}"
+            )
+        out.append(SOURCES_JOIN.join(n for n in names if n in value))
+    return out
 
 
 def train_settings(config: dict, algorithm: str | None = None) -> dict:
@@ -140,6 +177,8 @@ def train_hp(config: dict, settings: dict) -> dict:
     for key in ("ttt_steps", "draft_layers", "epochs", "lr"):
         hp[key] = settings[key]
     hp["data_fraction"] = settings["data_fraction"]
+    if settings["sources"] != DATA_DEFAULTS["sources"]:  # absent otherwise: specs stay as they were
+        hp["sources"] = settings["sources"].split(SOURCES_JOIN)
     return hp
 
 
@@ -148,16 +187,22 @@ def _unit_hash(seed: int, row: int) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def training_subset(num_rows: int, train_data_ratio: float, fraction: float, seed: int, source=None):
+def training_subset(
+    num_rows: int, train_data_ratio: float, fraction: float, seed: int, source=None, eligible=None
+):
     """The rows a `fraction` of the training data trains on, and the trainer's
     `train_data_ratio` over them. speculators holds out the rows from int(n * ratio) on for
     validation: they stay, so validation compares across fractions. A training row is kept when
-    its seeded hash is below `fraction`, which nests the subsets (25% inside 50%)."""
+    it is `eligible` (a predicate on its index; None: every row, else a sweep's `sources`) and its
+    seeded hash is below `fraction`, which nests the subsets (25% inside 50%)."""
     split = int(num_rows * train_data_ratio)
-    kept = [i for i in range(split) if _unit_hash(seed, i) < fraction]
+    kept = [i for i in range(split) if (eligible is None or eligible(i)) and _unit_hash(seed, i) < fraction]
     if not kept:
         raise EaglenestError(
-            f"data_fraction {fraction} keeps none of the {split} training rows: raise it", source
+            f"data_fraction {fraction} keeps none of the {split} training rows"
+            + (" of the swept sources" if eligible is not None else "")
+            + ": raise it",
+            source,
         )
     rows = kept + list(range(split, num_rows))
     # speculators splits at int(len * ratio): half a row of slack makes that land on len(kept).

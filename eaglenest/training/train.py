@@ -104,16 +104,17 @@ def _spec_folder(
     return training_folder(run_dir, spec_key(list(inputs)), out_checkpoint)
 
 
-def _row_split(tokenized_path, hp: dict) -> tuple[list[int] | None, dict, dict]:
+def _row_split(tokenized_path, hp: dict, prompts_path=None) -> tuple[list[int] | None, dict, dict]:
     """The rows trained on (None: all), the hyperparameters for them, and the summary's split figures."""
-    subset, hp, num_rows = data_fraction_rows(tokenized_path, hp)
+    subset, hp, num_rows = data_fraction_rows(tokenized_path, hp, prompts_path)
     fraction = hp.get("data_fraction", 1.0)
     train_rows = int(num_rows * hp["train_data_ratio"])
     log.info(
-        "training on %d rows, validating on %d (data fraction %g)",
+        "training on %d rows, validating on %d (data fraction %g, sources %s)",
         train_rows,
         num_rows - train_rows,
         fraction,
+        ", ".join(hp.get("sources") or ["all"]),
     )
     split = {"data_fraction": fraction, "train_rows": train_rows, "val_rows": num_rows - train_rows}
     return subset, hp, split
@@ -221,6 +222,7 @@ def train_stage(
     shared_gpu_server_memory: float = SHARED_GPU_SERVER_MEMORY,
     plan_path=None,
     target_record=None,
+    prompts_path=None,
     out_checkpoint,
     out_metrics,
     out_curves,
@@ -230,7 +232,8 @@ def train_stage(
     `target` is the resolved target (eaglenest.target.resolve.Target). Offline, the trainer reads the
     shards; online and hybrid (`hs_mode`), it extracts from the run's server as it trains,
     which needs the hidden-state plan (`plan_path`), the target's record (`target_record`) and
-    the server's params (`server_cfg`)."""
+    the server's params (`server_cfg`). A sweep's `sources` variant (`hp["sources"]`) reads
+    each row's source from the training prompts (`prompts_path`)."""
 
     check_internals()  # before any input is checked or linked: a speculators that moved fails first
     offline = hs_mode == "offline"
@@ -241,7 +244,7 @@ def train_stage(
     work = _spec_folder(run_dir, out_checkpoint, hp, dcfg, t2d_npy, d2t_npy, tokenized_path, hs_mode, hs_key)
     data_dir, save_path, log_dir = work / "data", work / "checkpoints", work / "logs"
     kept = kept_hidden_states(run_dir, spec_key(hs_key)) if hs_mode == "hybrid" else None
-    subset, hp, split = _row_split(tokenized_path, hp)
+    subset, hp, split = _row_split(tokenized_path, hp, prompts_path)
     link_training_data(tokenized_path, shard_dirs if offline else [], data_dir, kept=kept, rows=subset)
     done = _epochs_already_done(save_path, work, hs_mode, hp)
     cuda = _claim_cuda(device, gpus)
