@@ -49,20 +49,30 @@ Usage: .venv/bin/python benchmarks/bench_agentic_ab.py [--keep] [--step-toleranc
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
-from records import append_run, command_line, cpu_model, head_commit
+from records import append_run, command_line, head_commit
+from study_runs import (
+    REPO,
+    evaluate_draft_on,
+    figure,
+    lossless,
+    lscpu_model,
+    md_table,
+    merged_config,
+    read_csv,
+    seconds,
+    snakemake,
+    stage_seconds,
+    tokens_per_step,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 BASE_CONFIG = "config/kimi-mini.yaml"
 # The arms, in the order they are reported, and each one's overlay.
 ARMS = {
@@ -77,49 +87,6 @@ STAGES = (
 )  # fmt: skip
 CROSS_EVAL = "evaluate (draft only, on the agentic run's prompts)"
 SPANS = ("reasoning", "answer", "tool_call")
-
-
-def lscpu_model() -> str:
-    """The CPU as `lscpu` names it (Model name), else as /proc/cpuinfo does."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return cpu_model()
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
-    return names[0] if names else cpu_model()
-
-
-def arm_config(overlays: list[str]) -> dict:
-    """The config an arm's Snakemake run sees, with the schema's defaults filled in."""
-    from snakemake.utils import validate
-
-    from eaglenest.pipeline.run_config import load_config
-
-    cfg = load_config(REPO, REPO / "Snakefile", overlays, cwd=REPO)
-    validate(cfg, str(REPO / "config" / "schemas" / "config.schema.yaml"))
-    return cfg
-
-
-def snakemake(arm: str, configfiles: list[str], args: list[str], log: Path) -> float:
-    """One Snakemake invocation of an arm, its output to `log`; returns its wall seconds."""
-    from eaglenest.engine.server import log_tail
-
-    exe = Path(sys.executable).with_name("snakemake")
-    # Targets and --until first: --configfile takes every word after it.
-    cmd = [str(exe), *args, "--cores", "all", "--configfile", *configfiles]
-    print(f"  $ snakemake {' '.join(args)} --cores all --configfile {' '.join(configfiles)}", flush=True)
-    t0 = time.monotonic()
-    with open(log, "ab") as f:
-        rc = subprocess.run(
-            cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-        ).returncode
-    wall = time.monotonic() - t0
-    if rc:
-        raise SystemExit(
-            f"{arm}: snakemake failed (exit {rc}) after {wall:.0f} s. Last lines of {log}:\n{log_tail(log)}"
-        )
-    print(f"    {wall:.0f} s", flush=True)
-    return round(wall, 1)
 
 
 def steps_per_epoch(tokenized_path: Path, hp: dict, epochs: int) -> list[int]:
@@ -226,66 +193,6 @@ def trained_steps(run_dir: Path) -> dict:
     }
 
 
-def cross_evaluate(cfg: dict, dirs: dict[str, Path], out: Path) -> float:
-    """The chat_only draft on the agentic run's held-out prompts and benchmarks, in the same
-    modes, compared with that run's no-speculation outputs; returns the wall seconds."""
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    from eaglenest.engine.server import engine_env
-
-    os.environ.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(out / ".eaglenest" / "cache" / "hf")})
-    os.environ.update(engine_env(out))
-    from eaglenest.evaluation.evaluate import evaluate_stage
-    from eaglenest.pipeline.workflow import vllm_base_args, vllm_env
-    from eaglenest.target.resolve import keep_caches_in, load_target
-
-    keep_caches_in(out)
-    a, c = dirs["agentic"], dirs["chat_only"]
-    ev, vllm = cfg["evaluate"], cfg["vllm"]
-    server_cfg = {
-        "base_args": list(vllm_base_args(vllm, cfg["target"])),
-        "env": dict(vllm_env(vllm)),
-        "device": vllm["device"],
-        "reuse": False,
-        "startup_timeout_s": vllm["startup_timeout_s"],
-        "stall_timeout_s": vllm["stall_timeout_s"],
-    }
-    t0 = time.monotonic()
-    evaluate_stage(
-        run_dir=out, target=load_target(c / "target.json"), draft_dir=c / "draft",
-        prompts_path=a / "prompts" / "eval_prompts.jsonl", benchmarks_path=a / "prompts" / "benchmarks.jsonl",
-        metadata_path=c / "tokenized" / "metadata.json", server_cfg=server_cfg,
-        k=ev["num_speculative_tokens"], max_tokens=ev["max_tokens"], concurrency=ev["concurrency"],
-        ngram=ev["ngram"], out_json=out / "acceptance.json", out_csv=out / "acceptance.csv",
-        out_png=out / "per_position_acceptance.png", out_outputs=out / "outputs.jsonl",
-        out_sets=out / "benchmarks.csv", out_sets_png=out / "acceptance_by_set.png",
-        out_requests=out / "requests.csv", out_request_png=out / "acceptance_by_request.png",
-        methods=("draft",), reference_outputs=a / "eval" / "outputs.jsonl", modes=cfg["modes"],
-        reasoning_parser=cfg["target"]["reasoning_parser"], tool_call_parser=cfg["target"]["tool_call_parser"],
-        max_tool_rounds=cfg["regenerate"]["max_tool_rounds"],
-    )  # fmt: skip
-    return round(time.monotonic() - t0, 1)
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def figure(rows: list[dict], method: str, **where) -> dict | None:
-    """The benchmarks.csv row of `method` where every column in `where` matches (the rest "all")."""
-    want = {"category": "all", "traffic": "all", "span": "all", **where}
-    for r in rows:
-        if r["method"] == method and all(r.get(k) == v for k, v in want.items()):
-            return r
-    return None
-
-
-def tokens_per_step(row: dict | None) -> float | None:
-    return round(float(row["mean_acceptance_length"]), 3) if row and row["mean_acceptance_length"] else None
-
-
 def set_classes(requests: list[dict]) -> dict[str, list[str]]:
     """Each set's traffic classes, from the requests of the run's draft."""
     out: dict[str, set] = {}
@@ -336,43 +243,6 @@ def span_rows(agentic: list[dict], chat: list[dict], modes: list[str]) -> list[l
     return rows
 
 
-def lossless(rows: list[dict], method: str) -> dict:
-    return {
-        r["set"]: r["lossless"]
-        for r in rows
-        if r["method"] == method and r["mode"] == "all" and r["category"] == "all"
-        and r["traffic"] == "all" and r["span"] == "all"
-    }  # fmt: skip
-
-
-def stage_seconds(run_dir: Path) -> dict[str, float]:
-    """Each stage's seconds, summed over its jobs, from Snakemake's benchmark files (as the
-    run's stage_times.csv sums them)."""
-    out: dict[str, float] = {}
-    bench = run_dir / "benchmarks"
-    for tsv in sorted(bench.rglob("*.tsv")):
-        rel = tsv.relative_to(bench)
-        if rel.parts[0] == "variants":
-            continue
-        stage = rel.parts[0] if len(rel.parts) > 1 else tsv.stem
-        with open(tsv) as f:
-            s = float(next(csv.DictReader(f, delimiter="\t"))["s"])
-        out[stage] = round(out.get(stage, 0.0) + s, 1)
-    return out
-
-
-def seconds(value: float | None) -> str | None:
-    return None if value is None else f"{value:.0f}"
-
-
-def md_table(columns: list, rows: list[list]) -> str:
-    def cell(v):
-        return "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(map(str, columns)) + " |", "|" + " --- |" * len(columns)]
-    return "\n".join([*lines, *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)])
-
-
 def run_arms(args, cfgs: dict, dirs: dict, root: Path, logs: Path) -> dict:
     """Steps 1 to 5: the data, the step budget, both drafts, the cross evaluation."""
     files = {arm: [BASE_CONFIG, overlay] for arm, overlay in ARMS.items()}
@@ -417,7 +287,9 @@ def run_arms(args, cfgs: dict, dirs: dict, root: Path, logs: Path) -> dict:
         logs / "chat_only.snakemake.log",
     )
     print("\n5. the chat_only draft on the agentic run's prompts", flush=True)
-    walls["chat_only"][CROSS_EVAL] = cross_evaluate(cfgs["agentic"], dirs, root / "chat_only_eval")
+    walls["chat_only"][CROSS_EVAL] = evaluate_draft_on(
+        cfgs["agentic"], dirs["chat_only"], dirs["agentic"], root / "chat_only_eval"
+    )
     print(f"    {walls['chat_only'][CROSS_EVAL]:.0f} s", flush=True)
     return {"prompts": prompts, "predicted": predicted, "epochs": epochs, "snakemake_walls": walls}
 
@@ -548,7 +420,7 @@ def main() -> None:
     cpu = lscpu_model()
     print(f"CPU: {cpu} ({os.cpu_count()} cores)", flush=True)
 
-    cfgs = {arm: arm_config([BASE_CONFIG, overlay]) for arm, overlay in ARMS.items()}
+    cfgs = {arm: merged_config([BASE_CONFIG, overlay]) for arm, overlay in ARMS.items()}
     dirs = {arm: (REPO / cfg["run_dir"]).resolve() for arm, cfg in cfgs.items()}
     root = dirs["agentic"].parent
     if dirs["chat_only"].parent != root:
