@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -20,6 +21,7 @@ from snakemake.utils import validate
 SCHEMA_PATH = REPO / "config" / "schemas" / "config.schema.yaml"
 SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
 SHIPPED = sorted((REPO / "config").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "config" / "examples").glob("*.yaml"))
 
 
 def properties(schema: dict, path: str = ""):
@@ -74,6 +76,20 @@ def test_workflow_rejects_missing_required_key_at_start(tmp_path):
 def test_shipped_configs_validate_on_their_own(configfile):
     # A --configfile is the whole config (nothing of config/config.yaml under it).
     validate(yaml.safe_load(configfile.read_text()), str(SCHEMA_PATH))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_overlays_validate_merged_as_their_header_says(example):
+    """An example under config/examples/ is merged over a shipped config: the command its header
+    gives (`--configfile BASE EXAMPLE`) must validate, the way Snakemake merges the files."""
+    from snakemake.utils import update_config
+
+    text = example.read_text()
+    command = re.search(r"--configfile (\S+) (\S+)", text)
+    assert command and command.group(2) == f"config/examples/{example.name}", "the header names its command"
+    cfg = yaml.safe_load((REPO / command.group(1)).read_text())
+    update_config(cfg, yaml.safe_load(text))
+    validate(cfg, str(SCHEMA_PATH))
 
 
 def test_a_train_data_ratio_speculators_refuses_is_refused_at_start():
