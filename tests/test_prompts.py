@@ -63,6 +63,29 @@ def test_messages_schema_keeps_history_and_drops_trailing_reply():
     ]
 
 
+def test_turns_before_the_first_question_are_dropped_but_a_system_turn_stays():
+    # ShareGPT's _1, _2 parts of a long conversation open with the model's answer to a question
+    # in the part before: kept, it would be history with no question (and masked as an answer).
+    part = {
+        "conversations": [
+            {"from": "system", "value": "sys"},
+            {"from": "gpt", "value": "the end of an earlier answer"},
+            {"from": "human", "value": "next question"},
+            {"from": "gpt", "value": "its answer"},
+        ]
+    }
+    whole = {"conversations": [part["conversations"][0], *part["conversations"][2:]]}
+    for answer in (False, True):
+        got = normalise_row(part, answer=answer)
+        assert got == normalise_row(whole, answer=answer)
+        assert [m["role"] for m in got["messages"]] == ["system", "user"]
+    assert prompt_id(normalise_row(part)["messages"]) == prompt_id(normalise_row(whole)["messages"])
+    only_answers = {"messages": [{"role": "assistant", "content": "no question at all"}]}
+    with pytest.raises(Exception) as e:
+        normalise_row(only_answers)
+    assert getattr(e.value, "reason", None) == "no_user_turn"
+
+
 def test_sharegpt_schema_maps_roles():
     row = {
         "id": "x",
@@ -127,7 +150,12 @@ def test_each_drop_reason_counted(tmp_path):
                 {"role": "user", "content": "y"},
             ]
         },  # empty_content
-        {"messages": [{"role": "tool", "tool_call_id": "c1", "content": "x"}]},  # tool_result_without_call
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+            ]
+        },  # tool_result_without_call
         {"messages": [{"role": "developer", "content": "x"}]},  # unknown_role
         {"conversations": [{"from": "robot", "value": "x"}]},  # unknown_role
         {"messages": [{"role": "user", "content": 5}]},  # malformed

@@ -81,7 +81,10 @@ tool results recorded after the prompt (``{"name", "content"}`` in order) go wit
 loop of regeneration answers the target's calls with them.
 
 Roles are matched case-insensitively; contents are stripped of surrounding whitespace; an empty
-*system* turn is removed (many ShareGPT dumps carry one). The prompt is the conversation up to
+*system* turn is removed (many ShareGPT dumps carry one), and so are the assistant and tool turns
+before the first user turn: the end of a conversation cut into parts (ShareGPT's ``_1``,
+``_2`` records open with a ``gpt`` turn) answers a question the row does not hold, and a
+template renders such a turn with the system turn it adds, so it would train as an answer. The prompt is the conversation up to
 and including its last user turn: the assistant reply after it is what the target regenerates,
 earlier assistant turns stay as history. A row of a ``dataset`` source keeps that reply as its
 ``answer`` (its turns after the prompt, up to its last assistant turn), marked ``"responses":
@@ -361,6 +364,8 @@ def normalise_row(
         raise UnusableRow("malformed", "no 'messages', 'conversations' or 'prompt' field")
 
     turns = [t for t in turns if not (t["role"] == "system" and not t["content"])]
+    first_user = next((i for i, t in enumerate(turns) if t["role"] == "user"), len(turns))
+    turns = [t for i, t in enumerate(turns) if i >= first_user or t["role"] == "system"]
     if user_turns is not None:
         users = [i for i, t in enumerate(turns) if t["role"] == "user"]
         turns = turns[: users[user_turns]] if len(users) > user_turns else turns
