@@ -50,26 +50,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
 import yaml
-from records import append_run, command_line, head_commit
+from records import append_run, command_line
 from study_runs import (
     REPO,
     evaluate_draft_on,
     figure,
     lossless,
-    lscpu_model,
     md_table,
     merged_config,
     read_csv,
     seconds,
     snakemake,
     stage_seconds,
+    start,
     tokens_per_step,
 )
 
@@ -412,13 +411,7 @@ def main() -> None:
     )
     ap.add_argument("--record", action="store_true", help="add this run to the record `agentic_ab`")
     args = ap.parse_args()
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    # The evaluation's own progress; its HTTP client's line per request left out.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("eaglenest").setLevel(logging.INFO)
-    commit = head_commit() if args.record else None  # the commit measured, before the long run
-    cpu = lscpu_model()
-    print(f"CPU: {cpu} ({os.cpu_count()} cores)", flush=True)
+    commit, cpu = start(args.record)
 
     cfgs = {arm: merged_config([BASE_CONFIG, overlay]) for arm, overlay in ARMS.items()}
     dirs = {arm: (REPO / cfg["run_dir"]).resolve() for arm, cfg in cfgs.items()}

@@ -8,6 +8,7 @@ the same prompts; these are the steps each of them takes.
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from records import cpu_model
+from records import cpu_model, head_commit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,6 +29,19 @@ def lscpu_model() -> str:
         return cpu_model()
     names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
     return names[0] if names else cpu_model()
+
+
+def start(record: bool) -> tuple[str | None, str]:
+    """A study's start: offline, with eaglenest's own progress logged (its HTTP client's line per
+    request left out), the CPU printed. Returns the commit measured, taken before the long run
+    (None when not recording), and the CPU."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("eaglenest").setLevel(logging.INFO)
+    commit = head_commit() if record else None
+    cpu = lscpu_model()
+    print(f"CPU: {cpu} ({os.cpu_count()} cores)", flush=True)
+    return commit, cpu
 
 
 def merged_config(configfiles: list[str]) -> dict:
