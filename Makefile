@@ -30,8 +30,8 @@ test-fast: env
 
 # The docs' generated pages current and the site built strictly (broken links and anchors, pages
 # missing from the nav), lint, format, the package's layer contract (.importlinter) and workflow
-# checks (CI runs them before the tests), and a dry run of every shipped config and of the
-# real-model study overlay.
+# checks (CI runs them before the tests), and a dry run of every shipped config, and of the
+# examples (config/examples/) and the real-model study overlay over config/smollm2.yaml.
 lint: env
 	.venv/bin/python docs/generate.py --check
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .mkdocs-site && rm -rf .mkdocs-site
@@ -45,8 +45,11 @@ lint: env
 	    || { cat .snakemake-dry-run.log; echo "dry run failed: $$c"; exit 1; }; \
 	  echo "dry run ok: $$c ($$(grep -E '^total' .snakemake-dry-run.log | tail -1 | awk '{print $$2}') jobs)"; \
 	done; rm -f .snakemake-dry-run.log
-	@HF_HUB_OFFLINE=1 $(SNAKEMAKE) -n -q --configfile config/smollm2.yaml benchmarks/configs/smollm2_study.yaml \
-	  > /dev/null && echo "dry run ok: config/smollm2.yaml + benchmarks/configs/smollm2_study.yaml"
+	@for o in config/examples/*.yaml benchmarks/configs/smollm2_study.yaml; do \
+	  HF_HUB_OFFLINE=1 $(SNAKEMAKE) -n -q --configfile config/smollm2.yaml $$o > /dev/null \
+	    || { echo "dry run failed: config/smollm2.yaml + $$o"; exit 1; }; \
+	  echo "dry run ok: config/smollm2.yaml + $$o"; \
+	done
 
 # The docs' generated pages (the config reference, the results) and the site, in site/.
 docs: env
