@@ -13,9 +13,10 @@ Two runs of the pipeline and two sweeps, each a Snakemake invocation:
 3. The off-policy arms of (a), sweep B: the ShareGPT rows with their own answers (`sharegpt`
    alone), at the fraction whose training tokens equal the on-policy arm's (the
    `sharegpt_target` rows), and at the fraction whose wall time does. The on-policy arm's wall
-   time is its share of the regeneration (by answer tokens), its share of the extraction (by
-   tokens) and its training; an off-policy token costs the extraction's and the on-policy
-   training's seconds per token, both measured in steps 1 and 2.
+   time is regenerating its answers (a server start and its answer tokens at the regeneration
+   job's measured rate), extracting its tokens (at the run's extraction seconds per token) and
+   its training; an off-policy token costs the extraction's and the on-policy training's
+   seconds per token, all measured in steps 1 and 2.
 4. The in-domain run (d): config/smollm2.yaml with config/examples/smollm2-code.yaml, ShareGPT's questions
    about code, to the end; then the general run's draft asked that run's held-out prompts and
    benchmarks (benchmarks/study_runs.py `evaluate_draft_on`). A held-out prompt the general
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -100,6 +102,7 @@ class Rows:
         )
         self.source = row_sources(self.tokenized, self.prompts)
         rows = list(iter_jsonl(self.tokenized))
+        self.ids = [r["id"] for r in rows]
         self.tokens = [len(r["input_ids"]) for r in rows]
         self.supervised = [sum(r["loss_mask"]) for r in rows]
 
@@ -133,23 +136,59 @@ class Rows:
         return 1.0
 
 
+def regeneration_rate(run: Path, rows: Rows) -> dict:
+    """What the run's regeneration job measured: its server's start, and the answer tokens per
+    second of the prompts it sent (the last `sent` answers of its progress file: a resumed job
+    sends only what an earlier one left, so the job's seconds are not all answers')."""
+    import datetime
+
+    from eaglenest.core.io import iter_jsonl
+
+    log = (run / "logs" / "regenerate_responses.log").read_text().splitlines()
+
+    def at(pattern: str) -> tuple[datetime.datetime, str]:
+        line = next((x for x in log if re.search(pattern, x)), None)
+        if line is None:
+            raise SystemExit(f"no line matching {pattern!r} in {run / 'logs' / 'regenerate_responses.log'}")
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f"), line
+
+    healthy, line = at(r"vLLM server healthy after")
+    startup = float(re.search(r"healthy after ([0-9.]+) s", line).group(1))
+    done, line = at(r"regeneration done: ")
+    sent = int(re.search(r"'sent': ([0-9]+)", line).group(1))
+    (progress,) = (run / ".eaglenest" / "regenerate").glob("progress-*.jsonl")
+    sent_ids = {r["id"] for r in list(iter_jsonl(progress))[-sent:]}
+    answer_of = dict(zip(rows.ids, rows.supervised, strict=True))
+    tokens = sum(answer_of.get(i, 0) for i in sent_ids)
+    seconds = (done - healthy).total_seconds()
+    return {"server_start_s": startup, "sent": sent, "answer_tokens": tokens, "seconds": seconds,
+            "answer_tokens_per_s": tokens / seconds}  # fmt: skip
+
+
 def equal_cost_fractions(rows: Rows, stages: dict, on_variant: str) -> dict:
-    """(a)'s off-policy fractions: equal training tokens, and equal wall time, to the on-policy arm."""
+    """(a)'s off-policy fractions: equal training tokens, and equal wall time, to the on-policy
+    arm. Its wall time: regenerating its answers (a server start, then its answer tokens at the
+    run's measured rate), extracting its tokens (the run's extraction seconds per token) and its
+    training; an off-policy token costs extraction and training alone."""
     on = rows.size(rows.trained({**base_settings(rows.cfg), "sources": ON_POLICY}))
-    target_rows = [i for i, s in enumerate(rows.source) if s in (BUNDLED, ON_POLICY)]
-    answered = sum(rows.supervised[i] for i in target_rows)
-    on_answered = sum(rows.supervised[i] for i in target_rows if rows.source[i] == ON_POLICY)
-    regen_share = stages["regenerate_responses"] * on_answered / answered
+    regen = regeneration_rate(rows.run, rows)
+    on_answers = sum(a for a, s in zip(rows.supervised, rows.source, strict=True) if s == ON_POLICY)
+    regen_s = regen["server_start_s"] + on_answers / regen["answer_tokens_per_s"]
     extract_per_token = stages["extract_hidden_states"] / sum(rows.tokens)
-    train_per_token = stages[f"variants/{on_variant}/train_draft"] / on["tokens"]
-    on_wall = regen_share + (extract_per_token + train_per_token) * on["tokens"]
+    train_s = stages[f"variants/{on_variant}/train_draft"]
+    train_per_token = train_s / on["tokens"]
+    # Every on-policy row is regenerated and extracted (its validation rows too); training
+    # reads the training rows.
+    on_tokens = sum(t for t, s in zip(rows.tokens, rows.source, strict=True) if s == ON_POLICY)
+    on_wall = regen_s + extract_per_token * on_tokens + train_s
     time_tokens = on_wall / (extract_per_token + train_per_token)
     return {
         "on_policy": on,
+        "regeneration": regen,
         "on_policy_wall_s": {
-            "regeneration share": round(regen_share, 1),
-            "extraction share": round(extract_per_token * on["tokens"], 1),
-            "training": stages[f"variants/{on_variant}/train_draft"],
+            "regeneration share": round(regen_s, 1),
+            "extraction share": round(extract_per_token * on_tokens, 1),
+            "training": train_s,
             "total": round(on_wall, 1),
         },
         "extraction_s_per_token": extract_per_token,
