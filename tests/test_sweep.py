@@ -396,6 +396,20 @@ def test_a_variants_reference_outputs_must_cover_its_prompts_and_turns(tmp_path)
     # A mode the reference was not asked in is not covered by it.
     with pytest.raises(EaglenestError, match=r"first: a, turn 1 of held_out in mode instant"):
         reference_answers(ref, [{**held_out("a")[0], "mode": "instant"}])
+    # A conversation the reference left out for want of room (its acceptance.json says so) needs
+    # no answer from the turn it was cut at: the variant's room check leaves it out too.
+    (tmp_path / "acceptance.json").write_text(
+        json.dumps(
+            {
+                "no_spec": {"conversations_cut_too_long": ["b"]},
+                "benchmarks": {"mt": {"no_spec": {"conversations_cut_too_long": ["q1"]}}},
+            }
+        )
+    )
+    found = reference_answers(ref, [*held_out("a", "b"), conv])
+    assert ("mt", "default", "q1", 0) in found and ("held_out", "default", "b", 0) not in found
+    with pytest.raises(EaglenestError, match=r"first: q1, turn 1 of held_out"):
+        reference_answers(ref, held_out("a", "q1"))  # cut in mt, not in the held-out split
 
 
 def test_a_subset_links_each_picked_row_to_its_own_hidden_states(tmp_path):

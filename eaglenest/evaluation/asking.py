@@ -19,9 +19,10 @@ import json
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from eaglenest.core.errors import EaglenestError
-from eaglenest.core.io import iter_jsonl
+from eaglenest.core.io import iter_jsonl, read_json
 from eaglenest.data.benchmarks import HELD_OUT, request_acceptance, turn_messages
 from eaglenest.data.regenerate import recorded_results, reply_message, request_message, results_for
 from eaglenest.engine.server import SERVED_NAME, Server, ServerError, StallWatch
@@ -223,6 +224,18 @@ def room_for_answer(server: Server, prompts: list[dict], max_tokens: int) -> lis
     return fits
 
 
+def _cut_too_long(outputs_path) -> set[tuple[str, str]]:
+    """(set, id) of the conversations no_spec was cut from for want of room, as the evaluation
+    that wrote `outputs_path` recorded them in its acceptance.json (none where there is none)."""
+    acceptance = Path(outputs_path).with_name("acceptance.json")
+    summary = read_json(acceptance) if acceptance.exists() else {}
+    sets = {HELD_OUT: summary.get("no_spec") or {}}
+    sets.update({name: b.get("no_spec") or {} for name, b in (summary.get("benchmarks") or {}).items()})
+    return {
+        (name, pid) for name, figures in sets.items() for pid in figures.get("conversations_cut_too_long", ())
+    }
+
+
 # What a request carries from its conversation besides its messages (request_fields reads them).
 ASKED_FIELDS = ("tools", "chat_template_kwargs", "max_rounds")
 
@@ -283,18 +296,21 @@ def ask_conversations(
 
 def reference_answers(path, conversations: list[dict]) -> dict:
     """The no_spec outputs an earlier evaluation stored, by answer_key: they must cover these
-    very conversations in these modes, or losslessness would compare different questions."""
+    very conversations in these modes, or losslessness would compare different questions. A
+    turn of a conversation that evaluation left out for want of room (its acceptance.json,
+    beside the outputs) needs none: the same room check leaves it out here."""
 
     if path is None:
         raise EaglenestError("an evaluation without no_spec needs the reference outputs of one with it")
     found = {answer_key(r): r for r in iter_jsonl(path) if r.get("method") == "no_spec"}
+    cut = _cut_too_long(path)
     # A replayed loop's later rounds are the reference's own: asked only where it reached them.
     needed = [
         (c["benchmark"], c["mode"], c["id"], t)
         for c in conversations
         for t in range(1 if "max_rounds" in c else turns_of(c))
     ]
-    missing = [key for key in needed if key not in found]
+    missing = [key for key in needed if key not in found and (key[0], key[2]) not in cut]
     if missing:
         where, mode, pid, turn = missing[0]
         raise EaglenestError(
