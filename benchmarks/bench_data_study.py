@@ -359,7 +359,7 @@ def report(cfg: dict, run: Path, code_run: Path, ran: dict, cpu: str) -> dict:
         need = tokens_to_reach(f, lines["ngram"][s])
         reach.append(
             [s, lines["ngram"][s], curve[-1]["sets"][s], round(f["per_doubling"], 3) if f else None,
-             round(f["residual"], 3) if f else None,
+             round(f["max_abs_residual"], 3) if f else None,
              f"{need / largest:.1f}x ({need / 1e6:.1f} M tokens)" if need else "not on this fit"]
         )  # fmt: skip
     ROOT.mkdir(parents=True, exist_ok=True)
@@ -370,7 +370,7 @@ def report(cfg: dict, run: Path, code_run: Path, ran: dict, cpu: str) -> dict:
         speeds = {s: figure(base_rows, m, set=s) for s in SETS}
         table_c.append(
             [m, *(f"{tokens_per_step(r):.3f} ({float(r['output_tokens_per_s']):.0f} tok/s)" if r else None
-                  for r in speeds.values()), ",".join(s for s, ok in lossless(base_rows, m).items() if ok != "True") or "all"]
+                  for r in speeds.values()), ",".join(s for s, ok in lossless(base_rows, m).items() if ok != "True") or "none"]
         )  # fmt: skip
 
     code_rows = read_csv(code_run / "eval" / "benchmarks.csv")
