@@ -106,11 +106,12 @@ class Rows:
         self.tokens = [len(r["input_ids"]) for r in rows]
         self.supervised = [sum(r["loss_mask"]) for r in rows]
 
-    def trained(self, settings: dict) -> list[int]:
+    def trained(self, settings: dict | None = None, **overrides) -> list[int]:
+        """The rows a draft trains on: a variant's `settings`, or the run's own with `overrides`."""
         from eaglenest.training.data_folder import data_fraction_rows
-        from eaglenest.training.sweep import train_hp
+        from eaglenest.training.sweep import base_settings, train_hp
 
-        hp = train_hp(self.cfg, settings)
+        hp = train_hp(self.cfg, {**(settings or base_settings(self.cfg)), **overrides})
         subset, hp, count = data_fraction_rows(self.tokenized, hp, self.prompts)
         picked = list(range(count)) if subset is None else subset
         return picked[: int(count * hp["train_data_ratio"])]
@@ -170,7 +171,7 @@ def equal_cost_fractions(rows: Rows, stages: dict, on_variant: str) -> dict:
     arm. Its wall time: regenerating its answers (a server start, then its answer tokens at the
     run's measured rate), extracting its tokens (the run's extraction seconds per token) and its
     training; an off-policy token costs extraction and training alone."""
-    on = rows.size(rows.trained({**base_settings(rows.cfg), "sources": ON_POLICY}))
+    on = rows.size(rows.trained(sources=ON_POLICY))
     regen = regeneration_rate(rows.run, rows)
     on_answers = sum(a for a, s in zip(rows.supervised, rows.source, strict=True) if s == ON_POLICY)
     regen_s = regen["server_start_s"] + on_answers / regen["answer_tokens_per_s"]
@@ -197,12 +198,6 @@ def equal_cost_fractions(rows: Rows, stages: dict, on_variant: str) -> dict:
         "equal_time_tokens": round(time_tokens),
         "equal_time_fraction": rows.fraction_for(OFF_POLICY, time_tokens),
     }
-
-
-def base_settings(cfg: dict) -> dict:
-    from eaglenest.training.sweep import base_settings as settings
-
-    return settings(cfg)
 
 
 def run_all(cfg: dict, run: Path, code_cfg: dict, code_run: Path, logs: Path) -> dict:
@@ -394,7 +389,7 @@ def report(cfg: dict, run: Path, code_run: Path, ran: dict, cpu: str) -> dict:
              *(tokens_per_step(figure(bench, m, set=s)) for s in SETS[1:])]
         )  # fmt: skip
     code_size = Rows(code_run, merged_config([BASE_CONFIG, IN_DOMAIN]))
-    code_trained = code_size.size(code_size.trained(base_settings(code_size.cfg)))
+    code_trained = code_size.size(code_size.trained())
     code_stages = stage_seconds(code_run)
 
     print(f"\nCPU: {cpu} ({os.cpu_count()} cores)")
